@@ -1,0 +1,278 @@
+//! Chunks: immutable, `Arc`-shared pieces of a tensor's bytes with a lazily cached hash,
+//! and the pool that recycles their buffers.
+
+use std::fmt;
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+
+use crate::element::Element;
+use crate::hash::ContentHash;
+
+/// One piece of a tensor's flat (row-major, little-endian) bytes.
+///
+/// # Sharing
+///
+/// A `Chunk` is a reference-counted handle: cloning it is O(1) and shares the bytes.
+/// Versions, snapshots and the working state hold the same chunks until one of them
+/// writes; a write goes through a copy unless the chunk is uniquely owned
+/// (copy-on-write). [`Chunk::ptr_eq`] makes sharing observable.
+///
+/// # Memory layout
+///
+/// The bytes live in a buffer of 8-byte words (so that every element type can be viewed
+/// in place), next to the cached BLAKE3 hash. A buffer whose last holder drops may go
+/// back to its store's pool, to be reused by the next copy-on-write without page faults.
+#[derive(Clone)]
+pub struct Chunk(Arc<ChunkData>);
+
+// Invariant: `len <= words.len() * 8`; when `hash` is set it is the BLAKE3 hash of
+// `bytes()`; a chunk reachable from more than one handle is never written.
+pub(crate) struct ChunkData {
+    words: Vec<u64>,
+    len: usize,
+    hash: OnceLock<ContentHash>,
+    pool: Weak<Pool>,
+}
+
+impl Chunk {
+    /// The chunk's bytes (little-endian elements, row-major).
+    #[must_use]
+    pub fn bytes(&self) -> &[u8] {
+        self.0.bytes()
+    }
+
+    /// Number of bytes.
+    #[must_use]
+    pub fn len_bytes(&self) -> usize {
+        self.0.len
+    }
+
+    /// The BLAKE3 hash of the bytes: O(len) the first time, then cached.
+    #[must_use]
+    pub fn hash(&self) -> ContentHash {
+        *self
+            .0
+            .hash
+            .get_or_init(|| ContentHash::of_bytes(self.bytes()))
+    }
+
+    /// The hash if it has been computed already. O(1).
+    #[must_use]
+    pub fn cached_hash(&self) -> Option<ContentHash> {
+        self.0.hash.get().copied()
+    }
+
+    /// Whether both handles point at the same buffer (shared, not just equal). O(1).
+    #[must_use]
+    pub fn ptr_eq(&self, other: &Chunk) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+
+    /// A weak handle, to observe when the chunk's memory is released.
+    #[must_use]
+    pub fn downgrade(&self) -> WeakChunk {
+        WeakChunk(Arc::downgrade(&self.0))
+    }
+
+    /// Whether the content equals `other`'s: pointer equality, then cached hashes when both
+    /// are known, else a byte compare. Never computes a hash.
+    pub(crate) fn same_content(&self, other: &Chunk) -> bool {
+        if self.ptr_eq(other) {
+            return true;
+        }
+        if self.len_bytes() != other.len_bytes() {
+            return false;
+        }
+        match (self.cached_hash(), other.cached_hash()) {
+            (Some(a), Some(b)) => a == b,
+            _ => self.bytes() == other.bytes(),
+        }
+    }
+
+    pub(crate) fn as_slice<T: Element>(&self) -> &[T] {
+        bytemuck::cast_slice(self.bytes())
+    }
+
+    /// Address of the shared buffer, an identity for de-duplication.
+    pub(crate) fn addr(&self) -> usize {
+        Arc::as_ptr(&self.0) as usize
+    }
+
+    pub(crate) fn from_data(data: ChunkData) -> Chunk {
+        Chunk(Arc::new(data))
+    }
+
+    /// Mutable access when this handle is the only one.
+    pub(crate) fn get_mut(&mut self) -> Option<&mut ChunkData> {
+        Arc::get_mut(&mut self.0)
+    }
+
+    /// Recompute the hash; compare it with the cached one, or cache it if none was.
+    pub(crate) fn verify_and_cache_hash(&self) -> bool {
+        let h = ContentHash::of_bytes(self.bytes());
+        *self.0.hash.get_or_init(|| h) == h
+    }
+}
+
+impl fmt::Debug for Chunk {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Chunk")
+            .field("len_bytes", &self.len_bytes())
+            .field("hash", &self.cached_hash())
+            .finish()
+    }
+}
+
+/// A weak handle to a chunk: does not keep its memory alive.
+#[derive(Clone, Debug)]
+pub struct WeakChunk(Weak<ChunkData>);
+
+impl WeakChunk {
+    /// Whether some tensor, version or snapshot still holds the chunk. O(1).
+    #[must_use]
+    pub fn is_alive(&self) -> bool {
+        self.0.strong_count() > 0
+    }
+}
+
+impl ChunkData {
+    pub(crate) fn bytes(&self) -> &[u8] {
+        &bytemuck::cast_slice(&self.words)[..self.len]
+    }
+
+    /// Writable bytes; resets the cached hash.
+    pub(crate) fn bytes_mut(&mut self) -> &mut [u8] {
+        self.hash = OnceLock::new();
+        &mut bytemuck::cast_slice_mut(&mut self.words)[..self.len]
+    }
+
+    pub(crate) fn slice_mut<T: Element>(&mut self) -> &mut [T] {
+        bytemuck::cast_slice_mut(self.bytes_mut())
+    }
+}
+
+impl fmt::Debug for ChunkData {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ChunkData").field("len", &self.len).finish()
+    }
+}
+
+impl Drop for ChunkData {
+    fn drop(&mut self) {
+        if let Some(pool) = self.pool.upgrade() {
+            pool.give_back(std::mem::take(&mut self.words));
+        }
+    }
+}
+
+/// Recycles chunk buffers of a store's full chunk size, so that copy-on-write writes into
+/// memory that is already mapped instead of paying a page fault per 4 KiB.
+// Invariant: every pooled buffer has exactly `words` words; the total stays within
+// `cap_bytes`.
+pub(crate) struct Pool {
+    words: usize,
+    cap_bytes: usize,
+    free: Mutex<Vec<Vec<u64>>>,
+}
+
+impl fmt::Debug for Pool {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Pool")
+            .field("buffer_bytes", &(self.words * 8))
+            .field("pooled_bytes", &self.pooled_bytes())
+            .finish()
+    }
+}
+
+impl Pool {
+    pub(crate) fn new(chunk_bytes: usize, cap_bytes: usize) -> Arc<Pool> {
+        Arc::new(Pool {
+            words: chunk_bytes.div_ceil(8),
+            cap_bytes,
+            free: Mutex::new(Vec::new()),
+        })
+    }
+
+    pub(crate) fn pooled_bytes(&self) -> usize {
+        self.free.lock().map(|f| f.len()).unwrap_or(0) * self.words * 8
+    }
+
+    fn give_back(&self, buf: Vec<u64>) {
+        if buf.len() != self.words || self.cap_bytes < self.words * 8 {
+            return;
+        }
+        if let Ok(mut free) = self.free.lock() {
+            if (free.len() + 1) * self.words * 8 <= self.cap_bytes {
+                free.push(buf);
+            }
+        }
+    }
+
+    fn take(&self) -> Option<Vec<u64>> {
+        self.free.lock().ok()?.pop()
+    }
+}
+
+/// Where new chunk buffers come from: a store's pool when there is one.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Alloc {
+    pool: Option<Arc<Pool>>,
+}
+
+impl Alloc {
+    pub(crate) fn new(pool: Option<Arc<Pool>>) -> Alloc {
+        Alloc { pool }
+    }
+
+    /// A buffer for `len` bytes whose contents are unspecified (old data from the pool, or
+    /// zeros).
+    fn buffer(&self, len: usize) -> (Vec<u64>, Weak<Pool>) {
+        let need = len.div_ceil(8);
+        if let Some(pool) = &self.pool {
+            // Buffers of more than half a full chunk come from (and go back to) the pool.
+            if need <= pool.words && need * 2 > pool.words {
+                let buf = pool.take().unwrap_or_else(|| vec![0u64; pool.words]);
+                return (buf, Arc::downgrade(pool));
+            }
+        }
+        (vec![0u64; need], Weak::new())
+    }
+
+    /// A chunk holding a copy of `bytes`.
+    pub(crate) fn chunk_from_bytes(&self, bytes: &[u8]) -> Chunk {
+        self.chunk_with(bytes.len(), |dst| dst.copy_from_slice(bytes))
+    }
+
+    /// A chunk holding a copy of `src`'s bytes (same hash).
+    pub(crate) fn copy_of(&self, src: &Chunk) -> Chunk {
+        let c = self.chunk_from_bytes(src.bytes());
+        if let Some(h) = src.cached_hash() {
+            let _ = c.0.hash.set(h);
+        }
+        c
+    }
+
+    /// A chunk of `len` bytes filled by `fill` (which must write every byte).
+    pub(crate) fn chunk_with(&self, len: usize, fill: impl FnOnce(&mut [u8])) -> Chunk {
+        let mut data = self.data(len);
+        fill(&mut bytemuck::cast_slice_mut(&mut data.words)[..len]);
+        Chunk::from_data(data)
+    }
+
+    /// A typed chunk of `n` elements filled by `fill` (which must write every element).
+    pub(crate) fn chunk_typed<T: Element>(&self, n: usize, fill: impl FnOnce(&mut [T])) -> Chunk {
+        self.chunk_with(n * std::mem::size_of::<T>(), |b| {
+            fill(bytemuck::cast_slice_mut(b))
+        })
+    }
+
+    /// Uninitialized-by-contract chunk data of `len` bytes, to be filled by the caller.
+    pub(crate) fn data(&self, len: usize) -> ChunkData {
+        let (words, pool) = self.buffer(len);
+        ChunkData {
+            words,
+            len,
+            hash: OnceLock::new(),
+            pool,
+        }
+    }
+}

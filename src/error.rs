@@ -1,0 +1,185 @@
+//! The crate's error type.
+
+use std::ops::Range;
+
+use crate::element::DType;
+use crate::history::VersionId;
+
+/// `Result` with this crate's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong in a call. A call that returns an error has changed
+/// nothing: the working state, the history and the refs are as before.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// No variable of that name in the working state (or in the snapshot asked).
+    #[error("unknown variable `{name}`")]
+    UnknownVariable {
+        /// The name asked for.
+        name: String,
+    },
+    /// A variable of that name already exists.
+    #[error("variable `{name}` already exists")]
+    VariableExists {
+        /// The name that is taken.
+        name: String,
+    },
+    /// The element type asked for is not the tensor's.
+    #[error("dtype mismatch for `{name}`: the tensor holds {expected}, the call used {found}")]
+    DTypeMismatch {
+        /// The variable (empty for a tensor outside a store).
+        name: String,
+        /// The tensor's dtype.
+        expected: DType,
+        /// The dtype of the call or array.
+        found: DType,
+    },
+    /// An array's shape is not the tensor's.
+    #[error("shape mismatch for `{name}`: expected {expected:?}, found {found:?}")]
+    ShapeMismatch {
+        /// The variable (empty for a tensor outside a store).
+        name: String,
+        /// The tensor's shape.
+        expected: Vec<usize>,
+        /// The shape given.
+        found: Vec<usize>,
+    },
+    /// A flat element range outside the tensor.
+    #[error("element range {range:?} out of bounds for `{name}` of {len} elements")]
+    RangeOutOfBounds {
+        /// The variable.
+        name: String,
+        /// The range asked.
+        range: Range<usize>,
+        /// The number of elements in the tensor.
+        len: usize,
+    },
+    /// The tensor's chunks do not hold whole rows (a row is larger than a chunk), so it has
+    /// no row blocks.
+    #[error("chunks of this tensor do not hold whole rows (rows of {row_bytes} bytes)")]
+    NotRowAligned {
+        /// Bytes in one row of the outermost axis.
+        row_bytes: usize,
+    },
+    /// A [`Config`](crate::Config) value is not usable.
+    #[error("invalid config: {reason}")]
+    InvalidConfig {
+        /// What is wrong.
+        reason: String,
+    },
+    /// Text that is not 64 hex digits was parsed as a [`ContentHash`](crate::ContentHash).
+    #[error("not a 64-digit hex content hash: `{text}`")]
+    InvalidHash {
+        /// The text given.
+        text: String,
+    },
+    /// No version with this id was ever created in this store.
+    #[error("unknown version {id}")]
+    UnknownVersion {
+        /// The id asked for.
+        id: VersionId,
+    },
+    /// The version existed but was dropped by `prune` or auto-retention.
+    #[error("version {id} was pruned")]
+    PrunedVersion {
+        /// The id asked for.
+        id: VersionId,
+    },
+    /// No branch or tag of that name.
+    #[error("unknown ref `{name}`")]
+    UnknownRef {
+        /// The name asked for.
+        name: String,
+    },
+    /// A branch or tag of that name already exists (branches and tags share one namespace).
+    #[error("ref `{name}` already exists")]
+    RefExists {
+        /// The name that is taken.
+        name: String,
+    },
+    /// A ref name that is empty, has white space or control characters, or is `HEAD`.
+    #[error("invalid ref name `{name}`")]
+    InvalidRefName {
+        /// The name given.
+        name: String,
+    },
+    /// The ref is a tag where a branch is needed (checkout, delete_branch) or the reverse.
+    #[error("`{name}` is not a {expected}")]
+    WrongRefKind {
+        /// The name given.
+        name: String,
+        /// `"branch"` or `"tag"`.
+        expected: &'static str,
+    },
+    /// The branch HEAD is attached to cannot be deleted.
+    #[error("branch `{name}` is checked out")]
+    BranchCheckedOut {
+        /// The branch.
+        name: String,
+    },
+    /// The call needs at least one commit (a HEAD).
+    #[error("no commit yet")]
+    NoCommits,
+    /// Undo, redo, merge and average need a clean working state; commit or discard first.
+    #[error("the working state has uncommitted changes")]
+    UncommittedChanges,
+    /// HEAD has no parent (or no commit exists).
+    #[error("nothing to undo")]
+    NothingToUndo,
+    /// No version to go forward to: no undo since the last commit, restore or checkout.
+    #[error("nothing to redo")]
+    NothingToRedo,
+    /// A three-way merge found chunks changed on both sides, and the strategy does not
+    /// resolve them.
+    #[error("merge conflict in {}", conflict_names(.conflicts))]
+    MergeConflict {
+        /// One entry per variable in conflict.
+        conflicts: Vec<Conflict>,
+    },
+    /// The operation is not defined for this dtype (`Mean` merge or `average` of integers).
+    #[error("{operation} is not defined for dtype {dtype} (variable `{name}`)")]
+    UnsupportedDType {
+        /// The variable.
+        name: String,
+        /// Its dtype.
+        dtype: DType,
+        /// The operation asked.
+        operation: &'static str,
+    },
+    /// An argument that is not valid for the call (empty version list, weights that do not
+    /// match, a merge of a version into itself).
+    #[error("invalid argument: {reason}")]
+    InvalidArgument {
+        /// What is wrong.
+        reason: String,
+    },
+    /// `verify` found a broken invariant or a cached hash that does not match the bytes.
+    #[error("integrity check failed: {reason}")]
+    Corrupt {
+        /// What is broken.
+        reason: String,
+    },
+}
+
+fn conflict_names(conflicts: &[Conflict]) -> String {
+    let names: Vec<String> = conflicts
+        .iter()
+        .map(|c| match &c.chunks {
+            Some(chunks) => format!("`{}` (chunks {:?})", c.variable, chunks),
+            None => format!("`{}` (whole variable)", c.variable),
+        })
+        .collect();
+    names.join(", ")
+}
+
+/// One variable in a merge conflict.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Conflict {
+    /// The variable.
+    pub variable: String,
+    /// The chunk indices changed on both sides, or `None` when the variable as a whole
+    /// conflicts (added on both sides with different content, removed on one side and
+    /// changed on the other, or given a new dtype or shape).
+    pub chunks: Option<Vec<usize>>,
+}

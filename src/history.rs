@@ -1,0 +1,248 @@
+//! The version tree: ids, versions, refs and HEAD, and the walks over them.
+
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::fmt;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::tensor::Tensor;
+
+/// The variables of a version or of the working state: a persistent map, O(1) to clone.
+pub(crate) type Vars = imbl::OrdMap<String, Tensor>;
+
+/// The id of a version: dense, in commit order, never reused within a store.
+/// Shown as `v12`; parsed from `v12` or `12`.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct VersionId(pub u64);
+
+impl fmt::Display for VersionId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "v{}", self.0)
+    }
+}
+
+impl fmt::Debug for VersionId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "v{}", self.0)
+    }
+}
+
+impl FromStr for VersionId {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        s.strip_prefix('v')
+            .unwrap_or(s)
+            .parse()
+            .map(VersionId)
+            .map_err(|_| Error::InvalidArgument {
+                reason: format!("`{s}` is not a version id like `v12`"),
+            })
+    }
+}
+
+/// A named ref.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Ref {
+    /// Moves to each new version committed while HEAD is attached to it (and with undo,
+    /// redo and restore while attached).
+    Branch(VersionId),
+    /// Never moves.
+    Tag(VersionId),
+}
+
+impl Ref {
+    /// The version the ref points at.
+    #[must_use]
+    pub fn target(self) -> VersionId {
+        match self {
+            Ref::Branch(v) | Ref::Tag(v) => v,
+        }
+    }
+}
+
+/// Where HEAD is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Head {
+    /// Attached to a branch (which does not exist yet before the first commit).
+    Branch(String),
+    /// At a version, on no branch.
+    Detached(VersionId),
+}
+
+/// One node of the tree.
+// Invariant: every parent id is live and smaller than the node's own id; `children` lists
+// exactly the live nodes that have this one as a parent.
+#[derive(Clone, Debug)]
+pub(crate) struct Version {
+    pub(crate) parents: Vec<VersionId>,
+    pub(crate) children: Vec<VersionId>,
+    pub(crate) message: Arc<str>,
+    pub(crate) time: SystemTime,
+    pub(crate) vars: Vars,
+}
+
+/// The arena of versions, the refs and HEAD.
+// Invariant: `nodes[i]` is version `VersionId(i)`, `None` once pruned; refs, HEAD and
+// the redo stack point at live versions; HEAD is attached to a branch that does not exist
+// only before the first commit (a checked-out branch cannot be deleted).
+#[derive(Clone, Debug)]
+pub(crate) struct History {
+    pub(crate) nodes: Vec<Option<Version>>,
+    pub(crate) refs: BTreeMap<String, Ref>,
+    pub(crate) head: Head,
+    /// Versions undo came from, the next redo target last.
+    pub(crate) redo: Vec<VersionId>,
+}
+
+impl Default for History {
+    fn default() -> Self {
+        History {
+            nodes: Vec::new(),
+            refs: BTreeMap::new(),
+            head: Head::Branch("main".to_owned()),
+            redo: Vec::new(),
+        }
+    }
+}
+
+impl History {
+    pub(crate) fn node(&self, id: VersionId) -> Result<&Version> {
+        match self.nodes.get(id.0 as usize) {
+            Some(Some(v)) => Ok(v),
+            Some(None) => Err(Error::PrunedVersion { id }),
+            None => Err(Error::UnknownVersion { id }),
+        }
+    }
+
+    pub(crate) fn node_mut(&mut self, id: VersionId) -> Result<&mut Version> {
+        match self.nodes.get_mut(id.0 as usize) {
+            Some(Some(v)) => Ok(v),
+            Some(None) => Err(Error::PrunedVersion { id }),
+            None => Err(Error::UnknownVersion { id }),
+        }
+    }
+
+    pub(crate) fn head_id(&self) -> Option<VersionId> {
+        match &self.head {
+            Head::Branch(b) => self.refs.get(b).map(|r| r.target()),
+            Head::Detached(v) => Some(*v),
+        }
+    }
+
+    pub(crate) fn head_branch(&self) -> Option<&str> {
+        match &self.head {
+            Head::Branch(b) => Some(b),
+            Head::Detached(_) => None,
+        }
+    }
+
+    /// Move HEAD, and the branch it is attached to, to `id`.
+    pub(crate) fn move_head(&mut self, id: VersionId) {
+        match &self.head {
+            Head::Branch(b) => {
+                self.refs.insert(b.clone(), Ref::Branch(id));
+            }
+            Head::Detached(_) => self.head = Head::Detached(id),
+        }
+    }
+
+    /// Add a node as a child of `parents`; returns its id.
+    pub(crate) fn add(&mut self, parents: Vec<VersionId>, message: &str, vars: Vars) -> VersionId {
+        let id = VersionId(self.nodes.len() as u64);
+        for p in &parents {
+            if let Ok(node) = self.node_mut(*p) {
+                node.children.push(id);
+            }
+        }
+        self.nodes.push(Some(Version {
+            parents,
+            children: Vec::new(),
+            message: message.into(),
+            time: SystemTime::now(),
+            vars,
+        }));
+        id
+    }
+
+    pub(crate) fn live(&self) -> impl DoubleEndedIterator<Item = (VersionId, &Version)> + '_ {
+        self.nodes
+            .iter()
+            .enumerate()
+            .filter_map(|(i, n)| n.as_ref().map(|n| (VersionId(i as u64), n)))
+    }
+
+    /// `id` and all its ancestors (every parent), newest first.
+    pub(crate) fn ancestors(&self, id: VersionId) -> Result<Vec<VersionId>> {
+        self.node(id)?;
+        let mut seen = BTreeSet::new();
+        let mut stack = vec![id];
+        while let Some(v) = stack.pop() {
+            if seen.insert(v) {
+                stack.extend(self.node(v)?.parents.iter().copied());
+            }
+        }
+        Ok(seen.into_iter().rev().collect())
+    }
+
+    pub(crate) fn merge_base(&self, a: VersionId, b: VersionId) -> Result<Option<VersionId>> {
+        let from_a: HashSet<VersionId> = self.ancestors(a)?.into_iter().collect();
+        Ok(self.ancestors(b)?.into_iter().find(|v| from_a.contains(v)))
+    }
+
+    /// Remove a node, reconnecting its children to its parents.
+    pub(crate) fn remove(&mut self, id: VersionId) -> Option<Version> {
+        let node = self.nodes.get_mut(id.0 as usize)?.take()?;
+        for p in &node.parents {
+            if let Ok(pn) = self.node_mut(*p) {
+                pn.children.retain(|c| *c != id);
+                for c in &node.children {
+                    if !pn.children.contains(c) {
+                        pn.children.push(*c);
+                    }
+                }
+            }
+        }
+        for c in &node.children {
+            if let Ok(cn) = self.node_mut(*c) {
+                let mut parents = Vec::with_capacity(cn.parents.len() + node.parents.len());
+                for p in &cn.parents {
+                    if *p == id {
+                        for q in &node.parents {
+                            if !parents.contains(q) {
+                                parents.push(*q);
+                            }
+                        }
+                    } else if !parents.contains(p) {
+                        parents.push(*p);
+                    }
+                }
+                cn.parents = parents;
+            }
+        }
+        for p in &node.parents {
+            if let Ok(pn) = self.node_mut(*p) {
+                pn.children.sort_unstable();
+            }
+        }
+        self.redo.retain(|r| *r != id);
+        Some(node)
+    }
+}
+
+pub(crate) fn check_ref_name(name: &str) -> Result<()> {
+    let ok = !name.is_empty()
+        && name != "HEAD"
+        && !name.chars().any(|c| c.is_whitespace() || c.is_control());
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::InvalidRefName {
+            name: name.to_owned(),
+        })
+    }
+}

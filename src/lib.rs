@@ -1,0 +1,118 @@
+//! In-memory version history for named tensors.
+//!
+//! tensor-history keeps the history of a set of named tensors (a model's parameters, an
+//! optimizer's state) as persistent data: each tensor is cut into chunks held in
+//! structurally shared vectors, each chunk with a lazily computed BLAKE3 hash. A commit
+//! is a cheap immutable version, restore repoints the variables to any earlier version,
+//! and versions form a tree with branches, tags, undo/redo, diff and merge. Costs grow
+//! with what changed, not with the size of the model: the answer to "put my variables
+//! back to what they were before this step" without a deep copy per step.
+//!
+//! ```
+//! use ndarray::array;
+//! use tensor_history::{Store, VarDiff};
+//!
+//! let mut store = Store::new();
+//! store.insert("w", &array![[1.0f32, 2.0], [3.0, 4.0]])?;
+//! let v0 = store.commit("init")?;
+//!
+//! // Try a step: the first write to a shared chunk copies it, nothing else is copied.
+//! store.update_map::<f32>("w", |x| x * 10.0)?;
+//! let v1 = store.commit("scaled")?;
+//!
+//! // Go back: O(1), no tensor data copied.
+//! store.restore(v0)?;
+//! assert_eq!(store.get::<f32>("w")?, array![[1.0f32, 2.0], [3.0, 4.0]].into_dyn());
+//!
+//! // Undo and redo walk the tree.
+//! store.redo().unwrap_err(); // restore cleared the redo path
+//! store.restore(v1)?;
+//! assert_eq!(store.undo()?, v0);
+//! assert_eq!(store.redo()?, v1);
+//!
+//! // Branch from the first version and try something else there.
+//! store.branch("explore", v0)?;
+//! store.checkout("explore")?;
+//! store.update::<f32>("w", |_offset, xs| xs[0] = -1.0)?;
+//! let v2 = store.commit("explore")?;
+//!
+//! // Which chunks differ between the two branches?
+//! let diff = store.diff(v1, v2)?;
+//! assert!(matches!(diff.get("w"), Some(VarDiff::Changed(_))));
+//! assert_eq!(store.merge_base(v1, v2)?, Some(v0));
+//! store.verify()?;
+//! # Ok::<(), tensor_history::Error>(())
+//! ```
+//!
+//! # Core concepts
+//!
+//! ```text
+//! Store ── working state: name -> Tensor (persistent map, O(1) clone)
+//!   │
+//!   ├── history: a tree of versions (parent links, message, time)
+//!   │      refs: branches (move on commit), tags (never move), HEAD (a branch or a version)
+//!   │
+//!   └── commit() ──► VersionId ──snapshot()──► Snapshot (immutable, Send + Sync)
+//!
+//! Tensor = dtype + shape + persistent vector of Chunks   (clone: O(1), shares every chunk)
+//! Chunk  = Arc'd immutable bytes (<= chunk_bytes) + lazily cached BLAKE3 hash
+//! ```
+//!
+//! - A [`Chunk`] is a fixed-size piece of a tensor's row-major bytes. It is written in
+//!   place only while uniquely owned; the first write after a commit goes through a copy
+//!   (copy-on-write), and a copy that came out byte-identical is thrown away so the
+//!   original stays shared. Chunks hold whole rows of the outermost axis when a row fits.
+//! - A [`Tensor`] is a dtype, a shape and a persistent vector of chunks: clone is O(1).
+//!   Its [`content_hash`](Tensor::content_hash) is a Merkle root over the chunk hashes.
+//! - A version is an immutable node of the tree holding the variable map as it was at
+//!   commit time (shared, not copied). [`VersionId`]s are dense and never reused.
+//! - [`Ref`]s name versions: a branch moves when HEAD is attached to it and a commit is
+//!   made; a tag never moves.
+//! - A [`Snapshot`] is a read-only handle to one version; it stays valid after the store
+//!   moves on or is dropped.
+//!
+//! # Costs
+//!
+//! Commit, restore, undo, redo and snapshot copy no tensor data: O(1) or O(variables).
+//! A write copies only the chunks it changes. [`Store::diff`] skips shared chunks without
+//! reading them. Hashes are computed lazily (for [`Tensor::content_hash`],
+//! [`Store::verify`], or diffs across unrelated data), in parallel, once per chunk.
+//! Dense updates of every parameter still copy every chunk once per version kept: use
+//! [`Store::update_map`] or [`Store::zip_update`], which fuse that copy with the update.
+//!
+//! # Errors
+//!
+//! Every fallible call returns [`Error`]; a call that fails changes nothing.
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
+
+mod chunk;
+mod config;
+mod diff;
+mod element;
+mod error;
+mod hash;
+mod history;
+mod kernels;
+mod merge;
+mod render;
+mod retention;
+mod snapshot;
+mod stats;
+mod store;
+mod tensor;
+
+pub use chunk::{Chunk, WeakChunk};
+pub use config::{Config, DEFAULT_CHUNK_BYTES, DEFAULT_RECYCLE_BYTES};
+pub use diff::{Diff, TensorDiff, VarDiff};
+pub use element::{DType, Element};
+pub use error::{Conflict, Error, Result};
+pub use hash::ContentHash;
+pub use history::{Ref, VersionId};
+pub use merge::MergeStrategy;
+pub use retention::{PruneStats, Retention};
+pub use snapshot::Snapshot;
+pub use stats::Stats;
+pub use store::Store;
+pub use tensor::{Tensor, WriteStats};

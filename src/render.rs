@@ -1,0 +1,189 @@
+//! The history tree as text (like `git log --graph --oneline`) and as Graphviz DOT.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use crate::history::{Head, Ref, VersionId};
+use crate::store::Store;
+
+impl Store {
+    fn labels(&self) -> BTreeMap<VersionId, Vec<String>> {
+        let mut labels: BTreeMap<VersionId, Vec<String>> = BTreeMap::new();
+        let head_branch = self.hist.head_branch();
+        if let Head::Detached(v) = self.hist.head {
+            labels.entry(v).or_default().push("HEAD".into());
+        }
+        for (name, r) in &self.hist.refs {
+            let text = match r {
+                Ref::Branch(_) if head_branch == Some(name.as_str()) => format!("HEAD -> {name}"),
+                Ref::Branch(_) => name.clone(),
+                Ref::Tag(_) => format!("tag: {name}"),
+            };
+            let list = labels.entry(r.target()).or_default();
+            if text.starts_with("HEAD") {
+                list.insert(0, text);
+            } else {
+                list.push(text);
+            }
+        }
+        labels
+    }
+
+    /// The history tree as text, newest first, like `git log --graph --oneline`: one line
+    /// per live version with its id, refs and message, and lanes that show where branches
+    /// fork and merges join. O(versions · lanes).
+    ///
+    /// ```
+    /// # use tensor_history::Store;
+    /// # use ndarray::array;
+    /// let mut store = Store::new();
+    /// store.insert("w", &array![1.0f32])?;
+    /// let v0 = store.commit("init")?;
+    /// store.commit("step")?;
+    /// assert_eq!(store.log_graph(), "* v1 (HEAD -> main) step\n* v0 init\n");
+    /// # Ok::<(), tensor_history::Error>(())
+    /// ```
+    #[must_use]
+    pub fn log_graph(&self) -> String {
+        let labels = self.labels();
+        let mut out = String::new();
+        // Each lane waits for the version it will show next.
+        let mut lanes: Vec<Option<VersionId>> = Vec::new();
+        let nodes: Vec<_> = self.hist.live().rev().collect();
+        for (id, node) in nodes {
+            let mine: Vec<usize> = (0..lanes.len()).filter(|&i| lanes[i] == Some(id)).collect();
+            let col = match mine.first() {
+                Some(&c) => c,
+                None => match lanes.iter().position(Option::is_none) {
+                    Some(free) => {
+                        lanes[free] = Some(id);
+                        free
+                    }
+                    None => {
+                        lanes.push(Some(id));
+                        lanes.len() - 1
+                    }
+                },
+            };
+            // Lanes that also waited for this version join it (a fork point).
+            if mine.len() > 1 {
+                for &j in &mine[1..] {
+                    lanes[j] = None;
+                }
+                let mut line = String::new();
+                for (i, lane) in lanes.iter().enumerate() {
+                    let mark = if mine[1..].contains(&i) {
+                        '/'
+                    } else if lane.is_some() {
+                        '|'
+                    } else {
+                        ' '
+                    };
+                    line.push(mark);
+                    line.push(' ');
+                }
+                let _ = writeln!(out, "{}", line.trim_end());
+            }
+            let mut line = String::new();
+            for (i, lane) in lanes.iter().enumerate() {
+                let mark = if i == col {
+                    '*'
+                } else if lane.is_some() {
+                    '|'
+                } else {
+                    ' '
+                };
+                line.push(mark);
+                line.push(' ');
+            }
+            let refs = labels
+                .get(&id)
+                .map(|l| format!("({}) ", l.join(", ")))
+                .unwrap_or_default();
+            let _ = writeln!(out, "{line}{id} {refs}{}", node.message);
+            lanes[col] = node.parents.first().copied();
+            // Extra parents (a merge) open lanes of their own unless one already waits.
+            let mut opened = Vec::new();
+            for p in node.parents.iter().skip(1) {
+                if lanes.contains(&Some(*p)) {
+                    continue;
+                }
+                let slot = match lanes.iter().position(Option::is_none) {
+                    Some(free) => free,
+                    None => {
+                        lanes.push(None);
+                        lanes.len() - 1
+                    }
+                };
+                lanes[slot] = Some(*p);
+                opened.push(slot);
+            }
+            if !opened.is_empty() {
+                let mut line = String::new();
+                for (i, lane) in lanes.iter().enumerate() {
+                    let mark = if opened.contains(&i) {
+                        '\\'
+                    } else if lane.is_some() {
+                        '|'
+                    } else {
+                        ' '
+                    };
+                    line.push(mark);
+                    line.push(' ');
+                }
+                let _ = writeln!(out, "{}", line.trim_end());
+            }
+            while lanes.last() == Some(&None) {
+                lanes.pop();
+            }
+        }
+        out
+    }
+
+    /// The history tree as a Graphviz DOT digraph: one node per live version (id and
+    /// message), an edge from each version to its parents, refs as boxes. O(versions).
+    #[must_use]
+    pub fn to_dot(&self) -> String {
+        let mut out = String::from("digraph history {\n  rankdir=BT;\n  node [shape=ellipse];\n");
+        for (id, node) in self.hist.live() {
+            let _ = writeln!(
+                out,
+                "  {} [label=\"{}\\n{}\"];",
+                id.0,
+                id,
+                escape(&node.message)
+            );
+            for p in &node.parents {
+                let _ = writeln!(out, "  {} -> {};", id.0, p.0);
+            }
+        }
+        for (name, r) in &self.hist.refs {
+            let (shape, label) = match r {
+                Ref::Branch(_) => ("box", name.clone()),
+                Ref::Tag(_) => ("note", format!("tag: {name}")),
+            };
+            let _ = writeln!(
+                out,
+                "  \"ref:{0}\" [shape={shape}, label=\"{1}\"];\n  \"ref:{0}\" -> {2} [style=dashed];",
+                escape(name),
+                escape(&label),
+                r.target().0
+            );
+        }
+        if let Some(h) = self.hist.head_id() {
+            let _ = writeln!(
+                out,
+                "  HEAD [shape=box, style=bold];\n  HEAD -> {} [style=dashed];",
+                h.0
+            );
+        }
+        out.push_str("}\n");
+        out
+    }
+}
+
+fn escape(s: &str) -> String {
+    s.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}

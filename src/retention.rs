@@ -1,0 +1,152 @@
+//! Retention policies: which versions `prune` keeps.
+
+use std::collections::HashSet;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::Result;
+use crate::history::{Head, Ref, VersionId};
+use crate::store::Store;
+
+/// Which versions [`Store::prune`] keeps. HEAD, branch tips, tagged versions and the
+/// redo path are always kept.
+///
+/// ```
+/// use tensor_history::Retention;
+/// // the last 5 versions of every branch, plus every 10th version:
+/// let policy = Retention::keep_last(5).keep_every(10);
+/// # let _ = policy;
+/// ```
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Retention {
+    /// Keep the last N versions on the first-parent line of each branch tip and of HEAD;
+    /// every version outside these windows (and not kept otherwise) is dropped, including
+    /// versions reachable only by id. `None` keeps every version reachable from a ref.
+    pub last: Option<usize>,
+    /// Also keep every version whose id is a multiple of k (every k-th commit).
+    pub every: Option<usize>,
+    /// Also drop versions that no branch, tag, HEAD or the redo path reaches (for example
+    /// the old future after an undo and a new commit).
+    pub unreachable: bool,
+}
+
+impl Retention {
+    /// Keep the last `n` versions per branch (and HEAD).
+    #[must_use]
+    pub fn keep_last(n: usize) -> Retention {
+        Retention {
+            last: Some(n),
+            ..Retention::default()
+        }
+    }
+
+    /// Also keep every `k`-th version (by id); `0` is ignored.
+    #[must_use]
+    pub fn keep_every(mut self, k: usize) -> Retention {
+        self.every = (k > 0).then_some(k);
+        self
+    }
+
+    /// Also drop versions no ref reaches.
+    #[must_use]
+    pub fn drop_unreachable(mut self, yes: bool) -> Retention {
+        self.unreachable = yes;
+        self
+    }
+}
+
+/// What [`Store::prune`] dropped.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PruneStats {
+    /// The versions dropped, oldest first.
+    pub dropped: Vec<VersionId>,
+    /// Live versions left.
+    pub kept: usize,
+    /// Unique chunk bytes held by the store before and after (see
+    /// [`Stats::unique_bytes`](crate::Stats::unique_bytes)).
+    pub bytes_before: usize,
+    /// Unique chunk bytes held after pruning.
+    pub bytes_after: usize,
+}
+
+impl Store {
+    /// Drop versions by `policy`. Children of a dropped version are re-parented to its
+    /// parents, so `parent` and `log` skip it; its id then gives
+    /// [`Error::PrunedVersion`](crate::Error::PrunedVersion). Chunks that no remaining
+    /// version, snapshot or working state holds are freed (their buffers may be kept for
+    /// reuse, see [`Config::recycle_bytes`](crate::Config::recycle_bytes)).
+    ///
+    /// O(versions + refs · N) + O(freed chunks); the byte counts in the result cost
+    /// O(chunks).
+    ///
+    /// # Errors
+    ///
+    /// None today; the `Result` leaves room for policies that can fail.
+    pub fn prune(&mut self, policy: &Retention) -> Result<PruneStats> {
+        let bytes_before = self.unique_bytes();
+        let dropped = self.prune_quiet(policy);
+        Ok(PruneStats {
+            kept: self.hist.live().count(),
+            dropped,
+            bytes_before,
+            bytes_after: self.unique_bytes(),
+        })
+    }
+
+    /// Prune without computing byte counts (used by auto-retention on every commit).
+    pub(crate) fn prune_quiet(&mut self, policy: &Retention) -> Vec<VersionId> {
+        let hist = &self.hist;
+        let mut anchors: Vec<VersionId> = hist.refs.values().map(|r| r.target()).collect();
+        if let Some(h) = hist.head_id() {
+            anchors.push(h);
+        }
+        let mut keep: HashSet<VersionId> = anchors.iter().copied().collect();
+        keep.extend(hist.redo.iter().copied());
+        let mut roots: Vec<VersionId> = anchors.clone();
+        roots.extend(hist.redo.iter().copied());
+        let reachable: HashSet<VersionId> = roots
+            .iter()
+            .flat_map(|r| hist.ancestors(*r).unwrap_or_default())
+            .collect();
+        if let Some(n) = policy.last {
+            let mut tips: Vec<VersionId> = hist
+                .refs
+                .values()
+                .filter_map(|r| match r {
+                    Ref::Branch(v) => Some(*v),
+                    Ref::Tag(_) => None,
+                })
+                .collect();
+            if let Head::Detached(v) = hist.head {
+                tips.push(v);
+            }
+            for tip in tips {
+                let mut cur = Some(tip);
+                for _ in 0..n {
+                    let Some(v) = cur else { break };
+                    keep.insert(v);
+                    cur = hist.node(v).ok().and_then(|n| n.parents.first().copied());
+                }
+            }
+        }
+        let mut dropped = Vec::new();
+        let live: Vec<VersionId> = hist.live().map(|(id, _)| id).collect();
+        for id in live {
+            if keep.contains(&id) {
+                continue;
+            }
+            if policy.every.is_some_and(|k| id.0 % k as u64 == 0) {
+                continue;
+            }
+            let outside_window = policy.last.is_some();
+            let unreachable = !reachable.contains(&id);
+            if outside_window || (policy.unreachable && unreachable) {
+                dropped.push(id);
+            }
+        }
+        for id in &dropped {
+            self.hist.remove(*id);
+        }
+        dropped
+    }
+}

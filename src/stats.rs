@@ -1,0 +1,146 @@
+//! Memory statistics and the integrity check.
+
+use std::collections::HashSet;
+
+use serde::{Deserialize, Serialize};
+
+use crate::chunk::Chunk;
+use crate::error::{Error, Result};
+use crate::history::{Head, Vars};
+use crate::store::Store;
+use crate::tensor::verify_hashes;
+
+/// What a store holds, against what deep copies would hold.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Stats {
+    /// Live versions.
+    pub versions: usize,
+    /// Variables in the working state.
+    pub variables: usize,
+    /// Distinct chunks held by the working state and all live versions.
+    pub unique_chunks: usize,
+    /// Bytes of those chunks: the tensor data actually held.
+    pub unique_bytes: usize,
+    /// What one deep copy of the working state and of every live version would hold.
+    pub logical_bytes: usize,
+    /// `logical_bytes / unique_bytes` (1.0 when nothing is held).
+    pub sharing_ratio: f64,
+    /// Freed chunk buffers kept for reuse (not counted in `unique_bytes`).
+    pub pooled_bytes: usize,
+}
+
+impl Store {
+    fn all_vars(&self) -> impl Iterator<Item = &Vars> + '_ {
+        std::iter::once(&self.working).chain(self.hist.live().map(|(_, n)| &n.vars))
+    }
+
+    /// Every distinct chunk held by the working state and the live versions.
+    fn unique_chunks(&self) -> Vec<&Chunk> {
+        let mut seen = HashSet::new();
+        let mut out = Vec::new();
+        for vars in self.all_vars() {
+            for t in vars.values() {
+                for c in t.chunks() {
+                    if seen.insert(c.addr()) {
+                        out.push(c);
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    pub(crate) fn unique_bytes(&self) -> usize {
+        self.unique_chunks().iter().map(|c| c.len_bytes()).sum()
+    }
+
+    /// Versions, variables, distinct chunks and bytes actually held, logical bytes (what
+    /// deep copies would hold) and the sharing ratio. O(chunks of all versions).
+    #[must_use]
+    pub fn stats(&self) -> Stats {
+        let unique = self.unique_chunks();
+        let unique_bytes: usize = unique.iter().map(|c| c.len_bytes()).sum();
+        let logical_bytes: usize = self
+            .all_vars()
+            .map(|v| v.values().map(|t| t.nbytes()).sum::<usize>())
+            .sum();
+        Stats {
+            versions: self.hist.live().count(),
+            variables: self.working.len(),
+            unique_chunks: unique.len(),
+            unique_bytes,
+            logical_bytes,
+            sharing_ratio: if unique_bytes == 0 {
+                1.0
+            } else {
+                logical_bytes as f64 / unique_bytes as f64
+            },
+            pooled_bytes: self.pooled_bytes(),
+        }
+    }
+
+    /// Check everything: recompute the hash of every distinct chunk (in parallel, once per
+    /// chunk) against its cached hash (caching it where none was), check every tensor's
+    /// layout, and check the tree: parents and children agree, parents are older, refs,
+    /// HEAD and the redo path point at live versions.
+    ///
+    /// O(size of distinct chunks) hashing + O(versions + chunks).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Corrupt`] naming the first broken invariant.
+    pub fn verify(&self) -> Result<()> {
+        let bad = |reason: String| Err(Error::Corrupt { reason });
+        for (name, t) in self.working.iter() {
+            t.verify_layout(name)?;
+        }
+        for (id, node) in self.hist.live() {
+            for (name, t) in node.vars.iter() {
+                t.verify_layout(&format!("{name}@{id}"))?;
+            }
+            for p in &node.parents {
+                if *p >= id {
+                    return bad(format!("{id} has parent {p}, which is not older"));
+                }
+                match self.hist.node(*p) {
+                    Ok(pn) if pn.children.contains(&id) => {}
+                    Ok(_) => return bad(format!("{p} does not list its child {id}")),
+                    Err(_) => return bad(format!("{id} has a parent {p} that is not live")),
+                }
+            }
+            for c in &node.children {
+                match self.hist.node(*c) {
+                    Ok(cn) if cn.parents.contains(&id) => {}
+                    _ => return bad(format!("{id} lists {c} as a child, which is not")),
+                }
+            }
+        }
+        for (name, r) in &self.hist.refs {
+            if self.hist.node(r.target()).is_err() {
+                return bad(format!("ref `{name}` points at {}, not live", r.target()));
+            }
+        }
+        match &self.hist.head {
+            Head::Detached(v) if self.hist.node(*v).is_err() => {
+                return bad(format!("HEAD is detached at {v}, not live"));
+            }
+            Head::Branch(b) if !self.hist.refs.contains_key(b) && self.hist.live().count() > 0 => {
+                return bad(format!("HEAD is attached to `{b}`, which does not exist"));
+            }
+            _ => {}
+        }
+        for r in &self.hist.redo {
+            if self.hist.node(*r).is_err() {
+                return bad(format!("redo path holds {r}, not live"));
+            }
+        }
+        let chunks = self.unique_chunks();
+        if let Some(i) = verify_hashes(&chunks) {
+            return bad(format!(
+                "a chunk of {} bytes has a cached hash that does not match its bytes (#{i})",
+                chunks[i].len_bytes()
+            ));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,708 @@
+//! The store: the working state and the operations on it and on the history.
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use ndarray::{ArrayBase, ArrayD, Data, Dimension};
+
+use crate::chunk::{Alloc, Pool};
+use crate::config::Config;
+use crate::element::Element;
+use crate::error::{Error, Result};
+use crate::history::{check_ref_name, Head, History, Ref, Vars, VersionId};
+use crate::retention::Retention;
+use crate::snapshot::Snapshot;
+use crate::tensor::{Tensor, WriteStats};
+
+/// Named tensors with their full version history, in memory.
+///
+/// The working state maps names to [`Tensor`]s; [`commit`](Store::commit) records it as
+/// a [`VersionId`] in a tree of versions, sharing every chunk; [`restore`](Store::restore),
+/// [`undo`](Store::undo) and [`checkout`](Store::checkout) repoint it to an earlier
+/// version. Costs grow with what changed, not with the model.
+///
+/// Every method that returns an error has changed nothing.
+#[derive(Debug)]
+pub struct Store {
+    pub(crate) config: Config,
+    pub(crate) alloc: Alloc,
+    pool: Option<Arc<Pool>>,
+    pub(crate) working: Vars,
+    pub(crate) hist: History,
+}
+
+impl Default for Store {
+    fn default() -> Self {
+        Store::new()
+    }
+}
+
+impl Store {
+    /// An empty store with the default [`Config`]. O(1).
+    #[must_use]
+    pub fn new() -> Store {
+        Store::with_config(Config::default()).expect("the default config is valid")
+    }
+
+    /// An empty store with `config`. O(1).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidConfig`] if [`Config::validate`] fails.
+    pub fn with_config(config: Config) -> Result<Store> {
+        config.validate()?;
+        let pool = (config.recycle_bytes >= config.chunk_bytes)
+            .then(|| Pool::new(config.chunk_bytes, config.recycle_bytes));
+        Ok(Store {
+            alloc: Alloc::new(pool.clone()),
+            pool,
+            config,
+            working: Vars::new(),
+            hist: History::default(),
+        })
+    }
+
+    /// The configuration. O(1).
+    #[must_use]
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// Bytes of freed chunk buffers currently kept for reuse. O(1).
+    #[must_use]
+    pub fn pooled_bytes(&self) -> usize {
+        self.pool.as_ref().map_or(0, |p| p.pooled_bytes())
+    }
+
+    // ---- working state -------------------------------------------------------------
+
+    /// Add a variable holding a copy of `array` (any memory layout) to the working state.
+    /// O(size).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::VariableExists`]; [`Error::InvalidConfig`] if `chunk_bytes` is smaller
+    /// than one element of `T`.
+    pub fn insert<T, S, D>(&mut self, name: &str, array: &ArrayBase<S, D>) -> Result<()>
+    where
+        T: Element,
+        S: Data<Elem = T>,
+        D: Dimension,
+    {
+        self.check_free(name)?;
+        let t = Tensor::from_array_in(array, self.config.chunk_bytes, &self.alloc)?;
+        self.working.insert(name.to_owned(), t);
+        Ok(())
+    }
+
+    /// Add an existing tensor (for example one taken from a [`Snapshot`]) under `name`.
+    /// O(log variables): shares every chunk.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::VariableExists`].
+    pub fn insert_tensor(&mut self, name: &str, tensor: Tensor) -> Result<()> {
+        self.check_free(name)?;
+        self.working.insert(name.to_owned(), tensor);
+        Ok(())
+    }
+
+    fn check_free(&self, name: &str) -> Result<()> {
+        if self.working.contains_key(name) {
+            Err(Error::VariableExists {
+                name: name.to_owned(),
+            })
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Drop a variable from the working state and return its tensor. O(log variables).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::UnknownVariable`].
+    pub fn remove(&mut self, name: &str) -> Result<Tensor> {
+        self.working.remove(name).ok_or_else(|| unknown(name))
+    }
+
+    /// Whether the working state has a variable `name`. O(log variables).
+    #[must_use]
+    pub fn contains(&self, name: &str) -> bool {
+        self.working.contains_key(name)
+    }
+
+    /// Names of the working variables, sorted. O(variables).
+    #[must_use]
+    pub fn names(&self) -> Vec<String> {
+        self.working.keys().cloned().collect()
+    }
+
+    /// A materialized copy of a working variable. O(size).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::UnknownVariable`], [`Error::DTypeMismatch`].
+    pub fn get<T: Element>(&self, name: &str) -> Result<ArrayD<T>> {
+        let t = self.tensor(name)?;
+        t.check_dtype::<T>(name)?;
+        t.to_array()
+    }
+
+    /// The persistent tensor of a working variable, for zero-copy reads. O(log variables).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::UnknownVariable`].
+    pub fn tensor(&self, name: &str) -> Result<&Tensor> {
+        self.working.get(name).ok_or_else(|| unknown(name))
+    }
+
+    fn typed_mut<T: Element>(&mut self, name: &str) -> Result<&mut Tensor> {
+        let t = self.working.get_mut(name).ok_or_else(|| unknown(name))?;
+        t.check_dtype::<T>(name)?;
+        Ok(t)
+    }
+
+    /// Write a variable in place, chunk by chunk: `f(offset, elems)` gets each chunk's
+    /// elements and the flat offset of the first. A uniquely owned chunk is written in
+    /// place; a chunk shared with a version is written through a copy, and if `f` left it
+    /// byte-identical the original stays shared. Memory grows only by chunks that really
+    /// changed.
+    ///
+    /// O(size) time, memory O(changed chunks). The stats count chunks written (in place
+    /// or replaced by a changed copy) and bytes copied.
+    ///
+    /// ```
+    /// # use tensor_history::Store;
+    /// # use ndarray::array;
+    /// let mut store = Store::new();
+    /// store.insert("w", &array![1.0f32, 2.0, 3.0])?;
+    /// store.update::<f32>("w", |_offset, xs| xs.iter_mut().for_each(|x| *x *= 2.0))?;
+    /// assert_eq!(store.get::<f32>("w")?.as_slice().unwrap(), &[2.0, 4.0, 6.0]);
+    /// # Ok::<(), tensor_history::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::UnknownVariable`], [`Error::DTypeMismatch`].
+    pub fn update<T: Element>(
+        &mut self,
+        name: &str,
+        f: impl FnMut(usize, &mut [T]),
+    ) -> Result<WriteStats> {
+        let len = self.tensor(name)?.len();
+        self.update_range(name, 0..len, f)
+    }
+
+    /// Like [`update`](Store::update), visiting only the part of each chunk that lies in
+    /// the flat element range `elems` (for example some rows of an embedding table:
+    /// `row * cols .. (row + n) * cols`). Chunks outside it are not touched.
+    ///
+    /// O(range + touched chunks).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::UnknownVariable`], [`Error::DTypeMismatch`], [`Error::RangeOutOfBounds`].
+    pub fn update_range<T: Element>(
+        &mut self,
+        name: &str,
+        elems: Range<usize>,
+        f: impl FnMut(usize, &mut [T]),
+    ) -> Result<WriteStats> {
+        let alloc = self.alloc.clone();
+        let t = self.typed_mut::<T>(name)?;
+        if elems.start > elems.end || elems.end > t.len() {
+            return Err(Error::RangeOutOfBounds {
+                name: name.to_owned(),
+                range: elems,
+                len: t.len(),
+            });
+        }
+        let written = t.update_range(elems, &alloc, f);
+        Ok(stats_for(t, written))
+    }
+
+    /// `x = f(x)` for every element: the store computes each chunk's new values from the
+    /// old ones straight into the new buffer (copy-on-write and update in one pass, in
+    /// parallel over chunks); chunks that come out equal stay shared.
+    ///
+    /// O(size), one pass over memory.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::UnknownVariable`], [`Error::DTypeMismatch`].
+    pub fn update_map<T: Element>(
+        &mut self,
+        name: &str,
+        f: impl Fn(T) -> T + Sync + Send,
+    ) -> Result<WriteStats> {
+        let alloc = self.alloc.clone();
+        let t = self.typed_mut::<T>(name)?;
+        let written = t.map(&alloc, f);
+        Ok(stats_for(t, written))
+    }
+
+    /// `x = f(x, y)` for every element, with `y` the matching element of `other` (same
+    /// shape, any layout; for example `w -= lr * g` as `|w, g| w - lr * g`). Fused like
+    /// [`update_map`](Store::update_map).
+    ///
+    /// O(size), one pass over memory.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::UnknownVariable`], [`Error::DTypeMismatch`], [`Error::ShapeMismatch`].
+    pub fn zip_update<T, S, D>(
+        &mut self,
+        name: &str,
+        other: &ArrayBase<S, D>,
+        f: impl Fn(T, T) -> T + Sync + Send,
+    ) -> Result<WriteStats>
+    where
+        T: Element,
+        S: Data<Elem = T>,
+        D: Dimension,
+    {
+        let alloc = self.alloc.clone();
+        let t = self.typed_mut::<T>(name)?;
+        t.check_shape(name, other.shape())?;
+        let std = other.as_standard_layout();
+        let flat = std.as_slice().ok_or_else(|| Error::Corrupt {
+            reason: "standard-layout array without a contiguous slice".into(),
+        })?;
+        let written = t.zip(flat, &alloc, f);
+        Ok(stats_for(t, written))
+    }
+
+    /// Overwrite a variable from an array of the same dtype and shape (any memory layout),
+    /// keeping every chunk whose bytes did not change (shared, not copied).
+    ///
+    /// O(size) compare (parallel over chunks), copies O(changed).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::UnknownVariable`], [`Error::DTypeMismatch`], [`Error::ShapeMismatch`].
+    pub fn write<T, S, D>(&mut self, name: &str, array: &ArrayBase<S, D>) -> Result<WriteStats>
+    where
+        T: Element,
+        S: Data<Elem = T>,
+        D: Dimension,
+    {
+        let alloc = self.alloc.clone();
+        let t = self.typed_mut::<T>(name)?;
+        t.check_shape(name, array.shape())?;
+        let std = array.as_standard_layout();
+        let flat = std.as_slice().ok_or_else(|| Error::Corrupt {
+            reason: "standard-layout array without a contiguous slice".into(),
+        })?;
+        Ok(t.write_from(flat, &alloc))
+    }
+
+    // ---- commits and HEAD ----------------------------------------------------------
+
+    /// Record the working state as a new version, child of HEAD, and return its id. An
+    /// attached branch advances (the first commit creates `main`). A commit with no change
+    /// still records a version, sharing everything. Clears the redo path. With
+    /// [`Config::max_versions`] set, old versions are then pruned.
+    ///
+    /// O(1) plus O(versions) for auto-retention: no tensor byte is copied or hashed.
+    ///
+    /// # Errors
+    ///
+    /// None today; the `Result` leaves room for fallible retention.
+    pub fn commit(&mut self, message: &str) -> Result<VersionId> {
+        let parents = self.hist.head_id().into_iter().collect();
+        self.commit_vars(parents, message, self.working.clone())
+    }
+
+    /// The current version, `None` before the first commit. O(1).
+    #[must_use]
+    pub fn head(&self) -> Option<VersionId> {
+        self.hist.head_id()
+    }
+
+    /// The branch HEAD is attached to (`None` when detached). O(1).
+    #[must_use]
+    pub fn current_branch(&self) -> Option<&str> {
+        self.hist.head_branch()
+    }
+
+    /// Whether the working state differs from HEAD (before the first commit: whether it
+    /// has any variable).
+    ///
+    /// O(variables) when nothing was written since HEAD; else pointer compares of the
+    /// written tensors' chunks, and a content compare (cached hashes or bytes) only of
+    /// chunks that are not shared.
+    #[must_use]
+    pub fn is_dirty(&self) -> bool {
+        match self.hist.head_id().and_then(|h| self.hist.node(h).ok()) {
+            None => !self.working.is_empty(),
+            Some(node) => !vars_equal(&self.working, &node.vars),
+        }
+    }
+
+    /// Drop uncommitted changes: the working state becomes HEAD's (empty before the first
+    /// commit). O(1).
+    ///
+    /// # Errors
+    ///
+    /// None today.
+    pub fn discard(&mut self) -> Result<()> {
+        self.working = match self.hist.head_id() {
+            Some(h) => self.hist.node(h)?.vars.clone(),
+            None => Vars::new(),
+        };
+        Ok(())
+    }
+
+    /// Make the working state equal version `id` (uncommitted changes are dropped) and
+    /// move HEAD, and the branch it is attached to, there. Later versions stay in the tree.
+    /// Clears the redo path. O(1).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::UnknownVersion`], [`Error::PrunedVersion`].
+    pub fn restore(&mut self, id: VersionId) -> Result<()> {
+        let vars = self.hist.node(id)?.vars.clone();
+        self.working = vars;
+        self.hist.move_head(id);
+        self.hist.redo.clear();
+        Ok(())
+    }
+
+    /// Move HEAD (and an attached branch) to its first parent and restore it, remembering
+    /// where it came from for [`redo`](Store::redo). Undo-tree semantics: a commit after
+    /// an undo starts a new branch of the tree; the old future stays reachable by id,
+    /// [`children`](Store::children) and [`tips`](Store::tips). O(1) plus the dirty check.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::UncommittedChanges`] if the working state is dirty (commit or discard
+    /// first); [`Error::NothingToUndo`] at the root or before the first commit.
+    pub fn undo(&mut self) -> Result<VersionId> {
+        if self.is_dirty() {
+            return Err(Error::UncommittedChanges);
+        }
+        let head = self.hist.head_id().ok_or(Error::NothingToUndo)?;
+        let parent = *self
+            .hist
+            .node(head)?
+            .parents
+            .first()
+            .ok_or(Error::NothingToUndo)?;
+        self.working = self.hist.node(parent)?.vars.clone();
+        self.hist.move_head(parent);
+        self.hist.redo.push(head);
+        Ok(parent)
+    }
+
+    /// Go back to the child the last [`undo`](Store::undo) came from. O(1) plus the dirty
+    /// check.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::UncommittedChanges`] if the working state is dirty; [`Error::NothingToRedo`]
+    /// if no undo happened since the last commit, restore, checkout or merge.
+    pub fn redo(&mut self) -> Result<VersionId> {
+        if self.is_dirty() {
+            return Err(Error::UncommittedChanges);
+        }
+        let next = *self.hist.redo.last().ok_or(Error::NothingToRedo)?;
+        self.working = self.hist.node(next)?.vars.clone();
+        self.hist.redo.pop();
+        self.hist.move_head(next);
+        Ok(next)
+    }
+
+    // ---- refs ----------------------------------------------------------------------
+
+    /// Create branch `name` at version `at`. O(log refs).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidRefName`], [`Error::RefExists`], [`Error::UnknownVersion`],
+    /// [`Error::PrunedVersion`].
+    pub fn branch(&mut self, name: &str, at: VersionId) -> Result<()> {
+        self.new_ref(name, Ref::Branch(at))
+    }
+
+    /// Create tag `name` at version `at`; tags never move and protect their version from
+    /// pruning. O(log refs).
+    ///
+    /// # Errors
+    ///
+    /// As for [`branch`](Store::branch).
+    pub fn tag(&mut self, name: &str, at: VersionId) -> Result<()> {
+        self.new_ref(name, Ref::Tag(at))
+    }
+
+    fn new_ref(&mut self, name: &str, r: Ref) -> Result<()> {
+        check_ref_name(name)?;
+        if self.hist.refs.contains_key(name) {
+            return Err(Error::RefExists {
+                name: name.to_owned(),
+            });
+        }
+        if let Head::Branch(b) = &self.hist.head {
+            if b == name {
+                return Err(Error::RefExists {
+                    name: name.to_owned(),
+                });
+            }
+        }
+        self.hist.node(r.target())?;
+        self.hist.refs.insert(name.to_owned(), r);
+        Ok(())
+    }
+
+    /// Attach HEAD to branch `name` and restore its tip (uncommitted changes are dropped).
+    /// Clears the redo path. O(log refs).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::UnknownRef`]; [`Error::WrongRefKind`] for a tag (use
+    /// `restore(store.resolve(tag)?)` to go there detached).
+    pub fn checkout(&mut self, name: &str) -> Result<()> {
+        let tip = match self.hist.refs.get(name) {
+            Some(Ref::Branch(v)) => *v,
+            Some(Ref::Tag(_)) => {
+                return Err(Error::WrongRefKind {
+                    name: name.to_owned(),
+                    expected: "branch",
+                })
+            }
+            None => {
+                return Err(Error::UnknownRef {
+                    name: name.to_owned(),
+                })
+            }
+        };
+        self.working = self.hist.node(tip)?.vars.clone();
+        self.hist.head = Head::Branch(name.to_owned());
+        self.hist.redo.clear();
+        Ok(())
+    }
+
+    /// Detach HEAD at its current version (commits then move no branch). O(1).
+    pub fn detach(&mut self) {
+        if let Some(h) = self.hist.head_id() {
+            self.hist.head = Head::Detached(h);
+        }
+    }
+
+    /// Delete branch `name`; its versions stay until pruned. O(log refs).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::UnknownRef`], [`Error::WrongRefKind`] for a tag,
+    /// [`Error::BranchCheckedOut`] for the branch HEAD is attached to.
+    pub fn delete_branch(&mut self, name: &str) -> Result<()> {
+        self.delete_ref(name, "branch")
+    }
+
+    /// Delete tag `name`. O(log refs).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::UnknownRef`], [`Error::WrongRefKind`] for a branch.
+    pub fn delete_tag(&mut self, name: &str) -> Result<()> {
+        self.delete_ref(name, "tag")
+    }
+
+    fn delete_ref(&mut self, name: &str, kind: &'static str) -> Result<()> {
+        let is_branch = match self.hist.refs.get(name) {
+            Some(r) => matches!(r, Ref::Branch(_)),
+            None => {
+                return Err(Error::UnknownRef {
+                    name: name.to_owned(),
+                })
+            }
+        };
+        if is_branch != (kind == "branch") {
+            return Err(Error::WrongRefKind {
+                name: name.to_owned(),
+                expected: kind,
+            });
+        }
+        if self.hist.head_branch() == Some(name) {
+            return Err(Error::BranchCheckedOut {
+                name: name.to_owned(),
+            });
+        }
+        self.hist.refs.remove(name);
+        Ok(())
+    }
+
+    /// The version a branch or tag points at; `HEAD` resolves to the current version, and
+    /// `v12` to version 12 if it is live. O(log refs).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::UnknownRef`], or [`Error::NoCommits`] for `HEAD` before the first commit.
+    pub fn resolve(&self, refname: &str) -> Result<VersionId> {
+        if refname == "HEAD" {
+            return self.hist.head_id().ok_or(Error::NoCommits);
+        }
+        if let Some(r) = self.hist.refs.get(refname) {
+            return Ok(r.target());
+        }
+        if let Ok(id) = refname.parse::<VersionId>() {
+            if refname.starts_with('v') && self.hist.node(id).is_ok() {
+                return Ok(id);
+            }
+        }
+        Err(Error::UnknownRef {
+            name: refname.to_owned(),
+        })
+    }
+
+    /// Every branch and tag, sorted by name. O(refs).
+    #[must_use]
+    pub fn refs(&self) -> Vec<(String, Ref)> {
+        self.hist
+            .refs
+            .iter()
+            .map(|(k, v)| (k.clone(), *v))
+            .collect()
+    }
+
+    // ---- reading versions ----------------------------------------------------------
+
+    /// A read-only handle to version `id`. O(1): shares everything; stays valid after the
+    /// store moves on, prunes `id`, or is dropped.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::UnknownVersion`], [`Error::PrunedVersion`].
+    pub fn snapshot(&self, id: VersionId) -> Result<Snapshot> {
+        let node = self.hist.node(id)?;
+        Ok(Snapshot::new(
+            Some(id),
+            node.message.clone(),
+            Some(node.time),
+            node.vars.clone(),
+        ))
+    }
+
+    /// A read-only handle to the working state as it is now (no id). O(1).
+    #[must_use]
+    pub fn working_snapshot(&self) -> Snapshot {
+        Snapshot::new(None, "".into(), None, self.working.clone())
+    }
+
+    /// The first parent of `id` (`None` for a root). Pruned ancestors are skipped: a
+    /// version whose parent was pruned has that parent's parent. O(1).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::UnknownVersion`], [`Error::PrunedVersion`].
+    pub fn parent(&self, id: VersionId) -> Result<Option<VersionId>> {
+        Ok(self.hist.node(id)?.parents.first().copied())
+    }
+
+    /// All parents of `id` (two for a merge). O(parents).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::UnknownVersion`], [`Error::PrunedVersion`].
+    pub fn parents(&self, id: VersionId) -> Result<Vec<VersionId>> {
+        Ok(self.hist.node(id)?.parents.clone())
+    }
+
+    /// The live children of `id`, oldest first. O(children).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::UnknownVersion`], [`Error::PrunedVersion`].
+    pub fn children(&self, id: VersionId) -> Result<Vec<VersionId>> {
+        Ok(self.hist.node(id)?.children.clone())
+    }
+
+    /// `id` and all its live ancestors, newest first. O(ancestors · log).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::UnknownVersion`], [`Error::PrunedVersion`].
+    pub fn log(&self, id: VersionId) -> Result<Vec<VersionId>> {
+        self.hist.ancestors(id)
+    }
+
+    /// The newest common ancestor of `a` and `b` (`None` if they share no root).
+    /// O(ancestors).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::UnknownVersion`], [`Error::PrunedVersion`].
+    pub fn merge_base(&self, a: VersionId, b: VersionId) -> Result<Option<VersionId>> {
+        self.hist.merge_base(a, b)
+    }
+
+    /// Every live version, oldest first. O(versions).
+    #[must_use]
+    pub fn versions(&self) -> Vec<VersionId> {
+        self.hist.live().map(|(id, _)| id).collect()
+    }
+
+    /// Live versions with no children (every branch of the tree ends in one). O(versions).
+    #[must_use]
+    pub fn tips(&self) -> Vec<VersionId> {
+        self.hist
+            .live()
+            .filter(|(_, n)| n.children.is_empty())
+            .map(|(id, _)| id)
+            .collect()
+    }
+
+    /// The commit message of version `id`. O(1).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::UnknownVersion`], [`Error::PrunedVersion`].
+    pub fn message(&self, id: VersionId) -> Result<&str> {
+        Ok(&self.hist.node(id)?.message)
+    }
+
+    /// Record `vars` as a new version with these parents, make it the working state and
+    /// move HEAD (and an attached branch) there; clears the redo path and applies
+    /// auto-retention.
+    pub(crate) fn commit_vars(
+        &mut self,
+        parents: Vec<VersionId>,
+        message: &str,
+        vars: Vars,
+    ) -> Result<VersionId> {
+        self.working = vars;
+        let id = self.hist.add(parents, message, self.working.clone());
+        self.hist.move_head(id);
+        self.hist.redo.clear();
+        if let Some(n) = self.config.max_versions {
+            self.prune_quiet(&Retention::keep_last(n).drop_unreachable(true));
+        }
+        Ok(id)
+    }
+}
+
+fn unknown(name: &str) -> Error {
+    Error::UnknownVariable {
+        name: name.to_owned(),
+    }
+}
+
+fn stats_for(t: &Tensor, (written, copied): (usize, usize)) -> WriteStats {
+    WriteStats {
+        chunks_changed: written,
+        chunks_total: t.num_chunks(),
+        bytes_copied: copied,
+    }
+}
+
+/// Whether two variable maps hold the same names and contents (pointer fast paths first).
+pub(crate) fn vars_equal(a: &Vars, b: &Vars) -> bool {
+    if a.ptr_eq(b) {
+        return true;
+    }
+    a.len() == b.len()
+        && a.iter()
+            .zip(b.iter())
+            .all(|((ka, ta), (kb, tb))| ka == kb && ta.content_eq(tb))
+}

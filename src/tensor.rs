@@ -1,0 +1,697 @@
+//! Tensors: dtype + shape + a persistent vector of chunks.
+
+use std::collections::HashSet;
+use std::fmt;
+use std::ops::Range;
+use std::sync::Arc;
+
+use ndarray::{ArrayBase, ArrayD, ArrayViewD, Data, DataMut, Dimension, IxDyn};
+use rayon::prelude::*;
+use serde::{Deserialize, Serialize};
+
+use crate::chunk::{Alloc, Chunk};
+use crate::element::{DType, Element};
+use crate::error::{Error, Result};
+use crate::hash::ContentHash;
+use crate::kernels;
+
+/// The persistent container of a tensor's chunks (kept behind this alias so that it can
+/// change without touching the rest of the crate).
+pub(crate) type ChunkVec = imbl::Vector<Chunk>;
+
+/// Below this many chunks, work runs on the calling thread.
+const PAR_MIN_CHUNKS: usize = 4;
+
+/// A tensor: dtype, shape and a persistent vector of [`Chunk`]s.
+///
+/// # Sharing
+///
+/// `clone` is O(1) and shares every chunk. Tensors in the working state, in versions and
+/// in snapshots share the chunks they have in common; [`Tensor::shared_chunks`] and
+/// [`Tensor::ptr_eq`] make that observable. A `Tensor` handle is immutable: writes go
+/// through [`Store`](crate::Store), which replaces only the chunks that change.
+///
+/// # Memory layout
+///
+/// The flat row-major data is cut into chunks of `chunk_elems()` elements (the last may
+/// be shorter). When one row of the outermost axis fits in the store's `chunk_bytes`, a
+/// chunk holds whole rows (`rows_per_chunk()` of them), so each chunk is an ndarray view
+/// of some rows ([`Tensor::row_blocks`]); otherwise rows are split across chunks.
+#[derive(Clone)]
+pub struct Tensor {
+    dtype: DType,
+    shape: Arc<[usize]>,
+    chunk_elems: usize,
+    chunks: ChunkVec,
+}
+
+// Invariant: `chunk_elems >= 1`; `chunks.len() == ceil(len / chunk_elems)`; chunk `i`
+// holds elements `i * chunk_elems .. min(len, (i + 1) * chunk_elems)`, as bytes.
+
+/// What a [`Store::write`](crate::Store::write) (or a write-back) changed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WriteStats {
+    /// Chunks whose bytes changed (and were copied).
+    pub chunks_changed: usize,
+    /// Chunks in the tensor.
+    pub chunks_total: usize,
+    /// Bytes copied.
+    pub bytes_copied: usize,
+}
+
+/// Elements per chunk for a tensor of this shape and dtype.
+pub(crate) fn chunk_elems_for(shape: &[usize], dtype: DType, chunk_bytes: usize) -> Result<usize> {
+    if chunk_bytes < dtype.size() {
+        return Err(Error::InvalidConfig {
+            reason: format!(
+                "chunk_bytes {chunk_bytes} is smaller than one {dtype} element ({} bytes)",
+                dtype.size()
+            ),
+        });
+    }
+    let per = chunk_bytes / dtype.size();
+    if let Some((_, rest)) = shape.split_first() {
+        let row: usize = rest.iter().product();
+        if row > 0 && row <= per {
+            return Ok(per / row * row);
+        }
+    }
+    Ok(per)
+}
+
+pub(crate) fn shape_len(shape: &[usize]) -> Option<usize> {
+    shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d))
+}
+
+impl Tensor {
+    /// A tensor holding a copy of `array`, cut into chunks of at most `chunk_bytes` bytes.
+    /// Any memory layout is accepted; the data is stored in logical row-major order.
+    ///
+    /// O(size).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidConfig`] if `chunk_bytes` is smaller than one element.
+    pub fn from_array<T, S, D>(array: &ArrayBase<S, D>, chunk_bytes: usize) -> Result<Tensor>
+    where
+        T: Element,
+        S: Data<Elem = T>,
+        D: Dimension,
+    {
+        Tensor::from_array_in(array, chunk_bytes, &Alloc::default())
+    }
+
+    pub(crate) fn from_array_in<T, S, D>(
+        array: &ArrayBase<S, D>,
+        chunk_bytes: usize,
+        alloc: &Alloc,
+    ) -> Result<Tensor>
+    where
+        T: Element,
+        S: Data<Elem = T>,
+        D: Dimension,
+    {
+        let shape: Arc<[usize]> = array.shape().into();
+        let chunk_elems = chunk_elems_for(&shape, T::DTYPE, chunk_bytes)?;
+        let std = array.as_standard_layout();
+        let flat = std.as_slice().ok_or_else(|| Error::Corrupt {
+            reason: "standard-layout array without a contiguous slice".into(),
+        })?;
+        let chunks: Vec<Chunk> = flat
+            .par_chunks(chunk_elems)
+            .with_min_len(PAR_MIN_CHUNKS)
+            .map(|c| alloc.chunk_from_bytes(bytemuck::cast_slice(c)))
+            .collect();
+        Ok(Tensor {
+            dtype: T::DTYPE,
+            shape,
+            chunk_elems,
+            chunks: chunks.into_iter().collect(),
+        })
+    }
+
+    /// The element type.
+    #[must_use]
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// The shape.
+    #[must_use]
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
+    /// Number of elements. O(ndim).
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    /// Whether the tensor has no elements.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Logical size in bytes (what a deep copy holds).
+    #[must_use]
+    pub fn nbytes(&self) -> usize {
+        self.len() * self.dtype.size()
+    }
+
+    /// Elements per chunk (the last chunk may hold fewer).
+    #[must_use]
+    pub fn chunk_elems(&self) -> usize {
+        self.chunk_elems
+    }
+
+    /// Number of chunks.
+    #[must_use]
+    pub fn num_chunks(&self) -> usize {
+        self.chunks.len()
+    }
+
+    /// Rows of the outermost axis per chunk, when chunks hold whole rows.
+    #[must_use]
+    pub fn rows_per_chunk(&self) -> Option<usize> {
+        let (_, rest) = self.shape.split_first()?;
+        let row: usize = rest.iter().product();
+        (row > 0 && self.chunk_elems % row == 0).then(|| self.chunk_elems / row)
+    }
+
+    /// Chunk `i`, if it exists. O(log chunks).
+    #[must_use]
+    pub fn chunk(&self, i: usize) -> Option<&Chunk> {
+        self.chunks.get(i)
+    }
+
+    /// The chunks in order. Zero-copy.
+    pub fn chunks(&self) -> impl Iterator<Item = &Chunk> + '_ {
+        self.chunks.iter()
+    }
+
+    /// Flat element range held by chunk `i`.
+    #[must_use]
+    pub fn chunk_range(&self, i: usize) -> Range<usize> {
+        let len = self.len();
+        let start = (i * self.chunk_elems).min(len);
+        start..(start + self.chunk_elems).min(len)
+    }
+
+    /// The chunks as typed slices, in order. Zero-copy.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::DTypeMismatch`] if `T` is not the tensor's dtype.
+    pub fn chunk_slices<T: Element>(&self) -> Result<impl Iterator<Item = &[T]> + '_> {
+        self.check_dtype::<T>("")?;
+        Ok(self.chunks.iter().map(Chunk::as_slice::<T>))
+    }
+
+    /// One `(rows, view)` pair per chunk, where `view` is a zero-copy ndarray view of the
+    /// rows `rows` of the outermost axis: blockwise compute without materializing.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::DTypeMismatch`] if `T` is not the tensor's dtype; [`Error::NotRowAligned`]
+    /// if a row does not fit in a chunk (or the tensor is a scalar).
+    pub fn row_blocks<T: Element>(
+        &self,
+    ) -> Result<impl Iterator<Item = (Range<usize>, ArrayViewD<'_, T>)> + '_> {
+        self.check_dtype::<T>("")?;
+        let row: usize = self.shape.iter().skip(1).product();
+        let rows_per_chunk = self.rows_per_chunk().ok_or(Error::NotRowAligned {
+            row_bytes: row * self.dtype.size(),
+        })?;
+        Ok(self.chunks.iter().enumerate().map(move |(i, c)| {
+            let data = c.as_slice::<T>();
+            let rows = data.len() / row;
+            let start = i * rows_per_chunk;
+            let mut dims = self.shape.to_vec();
+            dims[0] = rows;
+            let view = ArrayViewD::from_shape(IxDyn(&dims), data)
+                .expect("a chunk of whole rows has the shape of those rows");
+            (start..start + rows, view)
+        }))
+    }
+
+    /// A materialized copy as an owned array. O(size).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::DTypeMismatch`] if `T` is not the tensor's dtype.
+    pub fn to_array<T: Element>(&self) -> Result<ArrayD<T>> {
+        self.check_dtype::<T>("")?;
+        let mut out = Vec::with_capacity(self.len());
+        for c in self.chunks.iter() {
+            out.extend_from_slice(c.as_slice::<T>());
+        }
+        ArrayD::from_shape_vec(IxDyn(&self.shape), out).map_err(|e| Error::Corrupt {
+            reason: format!("tensor data does not fill its shape: {e}"),
+        })
+    }
+
+    /// Copy the whole tensor into `out` (same shape, any memory layout). O(size).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::DTypeMismatch`], [`Error::ShapeMismatch`]; `out` is untouched then.
+    pub fn copy_into<T, S, D>(&self, out: &mut ArrayBase<S, D>) -> Result<WriteStats>
+    where
+        T: Element,
+        S: DataMut<Elem = T>,
+        D: Dimension,
+    {
+        self.copy_chunks_into(out, |_| true)
+    }
+
+    /// Write into `out`, which is known to hold the values of `known`, only the chunks
+    /// where `self` differs from `known`: undo or restore for a buffer the store does not
+    /// own (a framework's parameter), at a cost proportional to what changed.
+    ///
+    /// Chunks shared by pointer are skipped without reading data; chunks whose hashes are
+    /// both cached and equal are skipped too; every other chunk is copied. If `known` has
+    /// another dtype, shape or chunk layout, everything is copied.
+    ///
+    /// O(chunks) pointer compares + O(changed bytes) copies.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::DTypeMismatch`], [`Error::ShapeMismatch`] for `out`; `out` is untouched
+    /// then.
+    pub fn copy_changed_into<T, S, D>(
+        &self,
+        out: &mut ArrayBase<S, D>,
+        known: &Tensor,
+    ) -> Result<WriteStats>
+    where
+        T: Element,
+        S: DataMut<Elem = T>,
+        D: Dimension,
+    {
+        if !self.same_layout(known) {
+            return self.copy_into(out);
+        }
+        if self.chunks.ptr_eq(&known.chunks) {
+            self.check_dtype::<T>("")?;
+            self.check_shape("", out.shape())?;
+            return Ok(WriteStats {
+                chunks_total: self.num_chunks(),
+                ..WriteStats::default()
+            });
+        }
+        let differ: Vec<bool> = self
+            .chunks
+            .iter()
+            .zip(known.chunks.iter())
+            .map(|(a, b)| {
+                !(a.ptr_eq(b)
+                    || matches!((a.cached_hash(), b.cached_hash()), (Some(x), Some(y)) if x == y))
+            })
+            .collect();
+        self.copy_chunks_into(out, |i| differ[i])
+    }
+
+    fn copy_chunks_into<T, S, D>(
+        &self,
+        out: &mut ArrayBase<S, D>,
+        wanted: impl Fn(usize) -> bool + Sync,
+    ) -> Result<WriteStats>
+    where
+        T: Element,
+        S: DataMut<Elem = T>,
+        D: Dimension,
+    {
+        self.check_dtype::<T>("")?;
+        self.check_shape("", out.shape())?;
+        let ce = self.chunk_elems;
+        let mut stats = WriteStats {
+            chunks_total: self.num_chunks(),
+            ..WriteStats::default()
+        };
+        if let Some(flat) = out.as_slice_mut() {
+            let chunks: Vec<&Chunk> = self.chunks.iter().collect();
+            let (n, bytes) = flat
+                .par_chunks_mut(ce)
+                .with_min_len(PAR_MIN_CHUNKS)
+                .zip(chunks.par_iter())
+                .enumerate()
+                .filter(|(i, _)| wanted(*i))
+                .map(|(_, (dst, c))| {
+                    dst.copy_from_slice(c.as_slice::<T>());
+                    (1usize, c.len_bytes())
+                })
+                .reduce(|| (0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
+            stats.chunks_changed = n;
+            stats.bytes_copied = bytes;
+        } else {
+            let mut src = self.chunks.iter().enumerate().flat_map(|(i, c)| {
+                let w = wanted(i);
+                c.as_slice::<T>().iter().map(move |v| (w, *v))
+            });
+            for dst in out.iter_mut() {
+                if let Some((true, v)) = src.next() {
+                    *dst = v;
+                }
+            }
+            for i in 0..self.num_chunks() {
+                if wanted(i) {
+                    stats.chunks_changed += 1;
+                    stats.bytes_copied += self.chunk_range(i).len() * self.dtype.size();
+                }
+            }
+        }
+        Ok(stats)
+    }
+
+    /// The content hash: a BLAKE3 Merkle root over dtype, shape and the chunk hashes.
+    /// Tensors with equal dtype, shape and bytes (and the same chunk size) have equal
+    /// hashes whatever their history.
+    ///
+    /// O(size) the first time (chunk hashes computed in parallel, then cached),
+    /// O(chunks) after.
+    #[must_use]
+    pub fn content_hash(&self) -> ContentHash {
+        let chunks: Vec<&Chunk> = self.chunks.iter().collect();
+        let hashes: Vec<ContentHash> = chunks.par_iter().map(|c| c.hash()).collect();
+        let mut h = blake3::Hasher::new();
+        h.update(b"tensor-history/tensor/v1");
+        h.update(&[self.dtype.tag()]);
+        h.update(&(self.shape.len() as u64).to_le_bytes());
+        for d in self.shape.iter() {
+            h.update(&(*d as u64).to_le_bytes());
+        }
+        h.update(&(hashes.len() as u64).to_le_bytes());
+        for c in &hashes {
+            h.update(c.as_bytes());
+        }
+        ContentHash(*h.finalize().as_bytes())
+    }
+
+    /// How many of `self`'s chunks are shared (pointer-equal) with a chunk of `other`.
+    /// O(chunks).
+    #[must_use]
+    pub fn shared_chunks(&self, other: &Tensor) -> usize {
+        let theirs: HashSet<usize> = other.chunks.iter().map(Chunk::addr).collect();
+        self.chunks
+            .iter()
+            .filter(|c| theirs.contains(&c.addr()))
+            .count()
+    }
+
+    /// Whether both tensors have the same dtype and shape and share every chunk (no data
+    /// read). O(1) when the chunk vectors are shared, else O(chunks).
+    #[must_use]
+    pub fn ptr_eq(&self, other: &Tensor) -> bool {
+        self.same_layout(other)
+            && (self.chunks.ptr_eq(&other.chunks)
+                || self
+                    .chunks
+                    .iter()
+                    .zip(other.chunks.iter())
+                    .all(|(a, b)| a.ptr_eq(b)))
+    }
+
+    /// Whether both tensors hold the same dtype, shape and bytes: pointer-equal chunks are
+    /// skipped, others compared by cached hashes or bytes. Never computes a hash.
+    #[must_use]
+    pub fn content_eq(&self, other: &Tensor) -> bool {
+        if !self.same_layout(other) {
+            return self.dtype == other.dtype
+                && self.shape == other.shape
+                && self
+                    .chunks
+                    .iter()
+                    .flat_map(|c| c.bytes().iter())
+                    .eq(other.chunks.iter().flat_map(|c| c.bytes().iter()));
+        }
+        if self.chunks.ptr_eq(&other.chunks) {
+            return true;
+        }
+        self.changed_chunks(other).is_empty()
+    }
+
+    /// Indices of the chunks whose content differs from `other`'s (same layout assumed).
+    /// Pointer-equal chunks are skipped; the others are compared in parallel.
+    pub(crate) fn changed_chunks(&self, other: &Tensor) -> Vec<usize> {
+        debug_assert!(
+            self.same_layout(other),
+            "changed_chunks needs the same layout"
+        );
+        if self.chunks.ptr_eq(&other.chunks) {
+            return Vec::new();
+        }
+        let candidates: Vec<(usize, &Chunk, &Chunk)> = self
+            .chunks
+            .iter()
+            .zip(other.chunks.iter())
+            .enumerate()
+            .filter(|(_, (a, b))| !a.ptr_eq(b))
+            .map(|(i, (a, b))| (i, a, b))
+            .collect();
+        candidates
+            .par_iter()
+            .with_min_len(PAR_MIN_CHUNKS)
+            .filter(|(_, a, b)| !a.same_content(b))
+            .map(|(i, _, _)| *i)
+            .collect()
+    }
+
+    /// Same dtype, shape and chunk size: chunk `i` of one covers the same elements as
+    /// chunk `i` of the other.
+    pub(crate) fn same_layout(&self, other: &Tensor) -> bool {
+        self.dtype == other.dtype
+            && self.shape == other.shape
+            && self.chunk_elems == other.chunk_elems
+    }
+
+    pub(crate) fn check_dtype<T: Element>(&self, name: &str) -> Result<()> {
+        if T::DTYPE == self.dtype {
+            Ok(())
+        } else {
+            Err(Error::DTypeMismatch {
+                name: name.to_owned(),
+                expected: self.dtype,
+                found: T::DTYPE,
+            })
+        }
+    }
+
+    pub(crate) fn check_shape(&self, name: &str, found: &[usize]) -> Result<()> {
+        if *self.shape == *found {
+            Ok(())
+        } else {
+            Err(Error::ShapeMismatch {
+                name: name.to_owned(),
+                expected: self.shape.to_vec(),
+                found: found.to_vec(),
+            })
+        }
+    }
+
+    /// A tensor of the same layout with the given chunks.
+    pub(crate) fn with_chunks(&self, chunks: ChunkVec) -> Tensor {
+        debug_assert_eq!(
+            chunks.len(),
+            self.chunks.len(),
+            "with_chunks: chunk count changed"
+        );
+        Tensor {
+            dtype: self.dtype,
+            shape: self.shape.clone(),
+            chunk_elems: self.chunk_elems,
+            chunks,
+        }
+    }
+
+    /// Visit the elements in `range` chunk by chunk with `f(flat_offset, slice)`.
+    /// A uniquely owned chunk is written in place; a shared one through a copy that
+    /// replaces it only if its bytes changed. Returns chunks written and bytes copied.
+    pub(crate) fn update_range<T: Element>(
+        &mut self,
+        range: Range<usize>,
+        alloc: &Alloc,
+        mut f: impl FnMut(usize, &mut [T]),
+    ) -> (usize, usize) {
+        debug_assert!(range.end <= self.len(), "update_range: range out of bounds");
+        if range.is_empty() {
+            return (0, 0);
+        }
+        let ce = self.chunk_elems;
+        let es = self.dtype.size();
+        let mut written = 0;
+        let mut copied = 0;
+        for i in range.start / ce..range.end.div_ceil(ce) {
+            let cstart = i * ce;
+            let lo = range.start.max(cstart) - cstart;
+            let hi = range.end.min(cstart + ce) - cstart;
+            let Some(chunk) = self.chunks.get_mut(i) else {
+                break;
+            };
+            if let Some(data) = chunk.get_mut() {
+                f(cstart + lo, &mut data.slice_mut::<T>()[lo..hi]);
+                written += 1;
+                continue;
+            }
+            let mut copy = alloc.copy_of(chunk);
+            let data = copy.get_mut().expect("a fresh copy is uniquely owned");
+            f(cstart + lo, &mut data.slice_mut::<T>()[lo..hi]);
+            if copy.bytes()[lo * es..hi * es] != chunk.bytes()[lo * es..hi * es] {
+                copied += copy.len_bytes();
+                *chunk = copy;
+                written += 1;
+            }
+        }
+        (written, copied)
+    }
+
+    /// `x = f(x)` for every element, fused with copy-on-write; chunks that come out equal
+    /// stay shared. Returns chunks written and bytes copied.
+    pub(crate) fn map<T: Element>(
+        &mut self,
+        alloc: &Alloc,
+        f: impl Fn(T) -> T + Sync,
+    ) -> (usize, usize) {
+        self.fused(
+            alloc,
+            None,
+            |src, _, dst| kernels::map_into(src, dst, &f),
+            |buf, _| kernels::map_in_place(buf, &f),
+        )
+    }
+
+    /// `x = f(x, y)` for every element with `y` from `other` (same shape, flat row-major),
+    /// fused with copy-on-write. Returns chunks written and bytes copied.
+    pub(crate) fn zip<T: Element>(
+        &mut self,
+        other: &[T],
+        alloc: &Alloc,
+        f: impl Fn(T, T) -> T + Sync,
+    ) -> (usize, usize) {
+        debug_assert_eq!(other.len(), self.len(), "zip: operand length differs");
+        self.fused(
+            alloc,
+            Some(other),
+            |src, o, dst| kernels::zip_into(src, o, dst, &f),
+            |buf, o| kernels::zip_in_place(buf, o, &f),
+        )
+    }
+
+    fn fused<T: Element>(
+        &mut self,
+        alloc: &Alloc,
+        other: Option<&[T]>,
+        into: impl Fn(&[T], &[T], &mut [T]) -> bool + Sync,
+        in_place: impl Fn(&mut [T], &[T]) + Sync,
+    ) -> (usize, usize) {
+        let ce = self.chunk_elems;
+        let mut chunks: Vec<&mut Chunk> = self.chunks.iter_mut().collect();
+        chunks
+            .par_iter_mut()
+            .with_min_len(1)
+            .enumerate()
+            .map(|(i, chunk)| {
+                let n = chunk.len_bytes() / std::mem::size_of::<T>();
+                let o = other.map_or(&[][..], |o| &o[i * ce..i * ce + n]);
+                if let Some(data) = chunk.get_mut() {
+                    in_place(data.slice_mut::<T>(), o);
+                    return (1, 0);
+                }
+                let len = chunk.len_bytes();
+                let mut data = alloc.data(len);
+                if into(chunk.as_slice::<T>(), o, data.slice_mut::<T>()) {
+                    **chunk = Chunk::from_data(data);
+                    (1, len)
+                } else {
+                    (0, 0)
+                }
+            })
+            .reduce(|| (0, 0), |a, b| (a.0 + b.0, a.1 + b.1))
+    }
+
+    /// Overwrite from a flat row-major slice, keeping every chunk whose bytes are equal.
+    pub(crate) fn write_from<T: Element>(&mut self, src: &[T], alloc: &Alloc) -> WriteStats {
+        debug_assert_eq!(src.len(), self.len(), "write_from: length differs");
+        let ce = self.chunk_elems;
+        let chunks: Vec<&Chunk> = self.chunks.iter().collect();
+        let changed: Vec<usize> = chunks
+            .par_iter()
+            .with_min_len(PAR_MIN_CHUNKS)
+            .enumerate()
+            .filter(|(i, c)| {
+                let new = &src[i * ce..i * ce + c.len_bytes() / std::mem::size_of::<T>()];
+                bytemuck::cast_slice::<T, u8>(new) != c.bytes()
+            })
+            .map(|(i, _)| i)
+            .collect();
+        let mut stats = WriteStats {
+            chunks_total: self.num_chunks(),
+            ..WriteStats::default()
+        };
+        for i in changed {
+            let Some(chunk) = self.chunks.get_mut(i) else {
+                break;
+            };
+            let new = &src[i * ce..i * ce + chunk.len_bytes() / std::mem::size_of::<T>()];
+            stats.chunks_changed += 1;
+            stats.bytes_copied += chunk.len_bytes();
+            match chunk.get_mut() {
+                Some(data) => data.slice_mut::<T>().copy_from_slice(new),
+                None => *chunk = alloc.chunk_from_bytes(bytemuck::cast_slice(new)),
+            }
+        }
+        stats
+    }
+
+    /// Check the layout invariants (hashes are checked by the caller, once per unique
+    /// chunk).
+    pub(crate) fn verify_layout(&self, name: &str) -> Result<()> {
+        let bad = |reason: String| Error::Corrupt {
+            reason: format!("tensor `{name}`: {reason}"),
+        };
+        let len = shape_len(&self.shape).ok_or_else(|| bad("shape overflows".into()))?;
+        if self.chunk_elems == 0 {
+            return Err(bad("zero elements per chunk".into()));
+        }
+        if self.chunks.len() != len.div_ceil(self.chunk_elems) {
+            return Err(bad(format!(
+                "{} chunks for {} elements of {} per chunk",
+                self.chunks.len(),
+                len,
+                self.chunk_elems
+            )));
+        }
+        for (i, c) in self.chunks.iter().enumerate() {
+            let want = self.chunk_range(i).len() * self.dtype.size();
+            if c.len_bytes() != want {
+                return Err(bad(format!(
+                    "chunk {i} holds {} bytes, not {want}",
+                    c.len_bytes()
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Hash every chunk (in parallel), check each against its cached hash and cache the ones
+/// not yet known. Returns the index of the first chunk whose cached hash is wrong.
+pub(crate) fn verify_hashes(chunks: &[&Chunk]) -> Option<usize> {
+    chunks
+        .par_iter()
+        .enumerate()
+        .find_any(|(_, c)| !c.verify_and_cache_hash())
+        .map(|(i, _)| i)
+}
+
+impl fmt::Debug for Tensor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Tensor")
+            .field("dtype", &self.dtype)
+            .field("shape", &&*self.shape)
+            .field("chunk_elems", &self.chunk_elems)
+            .field("chunks", &self.chunks.len())
+            .finish()
+    }
+}

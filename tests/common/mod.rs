@@ -1,0 +1,51 @@
+//! Shared test fixtures: one table of boundary sizes used by every test file.
+#![allow(dead_code)]
+
+use ndarray::{ArrayD, IxDyn};
+use tensor_history::{Config, Store};
+
+/// Chunk size used by the boundary tests: 64 bytes = 16 `f32` elements per chunk.
+pub const CHUNK_BYTES: usize = 64;
+/// `f32` elements in one full chunk at [`CHUNK_BYTES`].
+pub const CHUNK_F32: usize = CHUNK_BYTES / 4;
+
+/// Shapes at the boundaries of the chunk layout, for `CHUNK_BYTES` and `f32`:
+/// empty, one element, one chunk minus/exactly/plus one element, two chunks plus one,
+/// a scalar, zero-length axes, rows that fit a chunk exactly or with a remainder, rows
+/// larger than a chunk (split rows), and a 3-D tensor.
+pub const BOUNDARY_SHAPES: &[&[usize]] = &[
+    &[0],
+    &[1],
+    &[CHUNK_F32 - 1],
+    &[CHUNK_F32],
+    &[CHUNK_F32 + 1],
+    &[2 * CHUNK_F32 + 1],
+    &[],
+    &[0, 5],
+    &[5, 0],
+    &[4, 4],
+    &[5, 3],
+    &[3, 20],
+    &[2, 17],
+    &[2, 3, 4],
+    &[7, 2, 3],
+];
+
+/// A store with [`CHUNK_BYTES`] chunks.
+pub fn small_store() -> Store {
+    Store::with_config(Config {
+        chunk_bytes: CHUNK_BYTES,
+        ..Config::default()
+    })
+    .expect("valid config")
+}
+
+/// A deterministic array of `shape` whose values differ by position and `seed`.
+pub fn ramp(shape: &[usize], seed: f32) -> ArrayD<f32> {
+    let n: usize = shape.iter().product();
+    ArrayD::from_shape_vec(
+        IxDyn(shape),
+        (0..n).map(|i| i as f32 * 0.5 + seed).collect(),
+    )
+    .expect("shape matches length")
+}
