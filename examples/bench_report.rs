@@ -1,0 +1,573 @@
+//! Side-by-side report of tensor-history against deep copies of the same tensors.
+//!
+//! Runs every scenario of the benchmark issue in one process, alternating the baseline
+//! and the store run by run (the order rotates every repetition, after one untimed
+//! warm-up run of each), and prints one tab-separated line per scenario:
+//!
+//! `scenario`, `metric`, `baseline`, `store`, `ratio` (the header line names them),
+//!
+//! `metric` is `ms` (the median of the runs) or `bytes`; `ratio` = baseline / store, so
+//! above 1 means the store wins. Machine facts go to stderr, the table alone to stdout.
+//!
+//! ```text
+//! cargo run --release --example bench_report                 # 1 GiB in 64 f32 tensors
+//! cargo run --release --example bench_report -- --quick      # 256 MiB, well under a minute
+//! cargo run --release --example bench_report -- --quick --chunk-bytes 131072
+//! ```
+//!
+//! Options: `--quick`, `--size-mib N`, `--chunk-bytes N`, `--reps N` (runs per side,
+//! default 11), `--serial-baseline` (the baseline on one thread; by default it runs on
+//! as many threads as the store: rayon over the 64 tensors).
+
+use std::collections::BTreeMap;
+use std::error::Error;
+use std::hint::black_box;
+use std::ops::Range;
+use std::time::{Duration, Instant};
+
+use ndarray::{ArrayView2, ArrayViewMut2};
+use rayon::prelude::*;
+use tensor_history::{Config, Store, DEFAULT_CHUNK_BYTES};
+
+type Res<T> = Result<T, Box<dyn Error>>;
+
+/// Scenario names, in the order the report prints them.
+const SCENARIOS: [&str; 11] = [
+    "commit_unchanged",
+    "trial_sparse_0.1pct",
+    "trial_sparse_1pct",
+    "trial_sparse_10pct",
+    "trial_dense_vs_update",
+    "trial_dense_vs_deep_copy",
+    "restore_into_1pct",
+    "write_unchanged",
+    "diff_1pct",
+    "memory_100v_1pct",
+    "verify_throughput",
+];
+
+const TENSORS: usize = 64;
+const COLS: usize = 1024;
+const LR: f32 = 1e-3;
+
+struct Opts {
+    size_mib: usize,
+    chunk_bytes: usize,
+    reps: usize,
+    serial_baseline: bool,
+}
+
+fn parse_args() -> Res<Opts> {
+    let mut o = Opts {
+        size_mib: 1024,
+        chunk_bytes: DEFAULT_CHUNK_BYTES,
+        reps: 11,
+        serial_baseline: false,
+    };
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        let mut num = |what: &str| -> Res<usize> {
+            let v = args.next().ok_or(format!("{what} needs a value"))?;
+            Ok(v.parse().map_err(|e| format!("{what} {v}: {e}"))?)
+        };
+        match a.as_str() {
+            "--quick" => o.size_mib = 256,
+            "--size-mib" => o.size_mib = num("--size-mib")?,
+            "--chunk-bytes" => o.chunk_bytes = num("--chunk-bytes")?,
+            "--reps" => o.reps = num("--reps")?.max(1),
+            "--serial-baseline" => o.serial_baseline = true,
+            "--bench" => {} // passed by `cargo bench --examples`; ignore
+            other => return Err(format!("unknown argument `{other}`").into()),
+        }
+    }
+    if o.size_mib == 0 {
+        return Err("--size-mib must be at least 1".into());
+    }
+    Ok(o)
+}
+
+/// The model as the baseline holds it: 64 flat row-major f32 arrays of `rows x COLS`.
+struct Model {
+    rows: usize,
+    names: Vec<String>,
+    data: Vec<Vec<f32>>,
+}
+
+impl Model {
+    fn new(size_mib: usize) -> Model {
+        let elems = (size_mib << 20) / TENSORS / std::mem::size_of::<f32>();
+        let rows = (elems / COLS).max(1);
+        let names = (0..TENSORS)
+            .map(|t| format!("layer{t:02}.weight"))
+            .collect();
+        let data = (0..TENSORS)
+            .into_par_iter()
+            .map(|t| {
+                (0..rows * COLS)
+                    .map(|i| 1.0 + ((i * 31 + t * 7) % 997) as f32 * 1e-3)
+                    .collect()
+            })
+            .collect();
+        Model { rows, names, data }
+    }
+
+    fn bytes(&self) -> usize {
+        self.data.iter().map(|d| d.len() * 4).sum()
+    }
+
+    fn view(&self, t: usize) -> ArrayView2<'_, f32> {
+        ArrayView2::from_shape((self.rows, COLS), &self.data[t][..]).expect("shape fits")
+    }
+
+    /// A zeroed buffer of the same shape, touched once so that no run pays page faults.
+    fn zeroed_like(&self) -> Vec<Vec<f32>> {
+        self.data
+            .par_iter()
+            .map(|d| vec![1.0f32; d.len()])
+            .collect()
+    }
+
+    fn store(&self, config: Config) -> Res<Store> {
+        let mut s = Store::with_config(config)?;
+        for t in 0..TENSORS {
+            s.insert(&self.names[t], &self.view(t))?;
+        }
+        Ok(s)
+    }
+}
+
+/// `share` of all chunks (at least one), spread evenly over the model; `salt` shifts the
+/// choice so that successive versions change different chunks. Each entry is a tensor
+/// index and the chunk's flat element range (the store's own chunk boundaries).
+fn pick_chunks(
+    store: &Store,
+    model: &Model,
+    share: f64,
+    salt: usize,
+) -> Res<Vec<(usize, Range<usize>)>> {
+    let t0 = store.tensor(&model.names[0])?;
+    let per = t0.num_chunks();
+    let total = per * TENSORS;
+    let n = ((total as f64 * share).round() as usize).clamp(1, total);
+    let stride = total / n;
+    Ok((0..n)
+        .map(|k| {
+            let g = (k * stride + salt % stride.max(1)) % total;
+            (g / per, t0.chunk_range(g % per))
+        })
+        .collect())
+}
+
+fn bump(xs: &mut [f32]) {
+    xs.iter_mut().for_each(|x| *x += 1.0);
+}
+
+fn copy_all(src: &[Vec<f32>], dst: &mut [Vec<f32>]) {
+    dst.par_iter_mut()
+        .zip(src.par_iter())
+        .for_each(|(d, s)| d.copy_from_slice(s));
+}
+
+fn sgd_in_place(w: &mut [Vec<f32>], g: &[Vec<f32>]) {
+    w.par_iter_mut().zip(g.par_iter()).for_each(|(w, g)| {
+        for (w, g) in w.iter_mut().zip(g) {
+            *w -= LR * *g;
+        }
+    });
+}
+
+fn median(mut xs: Vec<f64>) -> f64 {
+    xs.sort_by(f64::total_cmp);
+    let n = xs.len();
+    if n % 2 == 1 {
+        xs[n / 2]
+    } else {
+        (xs[n / 2 - 1] + xs[n / 2]) / 2.0
+    }
+}
+
+type Run<'a> = &'a mut dyn FnMut() -> Res<Duration>;
+
+/// One untimed warm-up run of each, then `reps` rounds in which every run goes once, the
+/// order rotating each round. Returns the median milliseconds of each run.
+fn interleave(reps: usize, runs: &mut [Run<'_>]) -> Res<Vec<f64>> {
+    for r in runs.iter_mut() {
+        r()?;
+    }
+    let n = runs.len();
+    let mut times = vec![Vec::with_capacity(reps); n];
+    for rep in 0..reps {
+        for k in 0..n {
+            let i = (k + rep) % n;
+            times[i].push(runs[i]()?.as_secs_f64() * 1e3);
+        }
+    }
+    Ok(times.into_iter().map(median).collect())
+}
+
+/// Time `f`; its result goes through `black_box` so the work cannot be optimized away.
+fn timed<R>(f: impl FnOnce() -> Res<R>) -> Res<Duration> {
+    let t = Instant::now();
+    black_box(f()?);
+    Ok(t.elapsed())
+}
+
+/// [`timed`] for infallible work.
+fn clock<R>(f: impl FnOnce() -> R) -> Res<Duration> {
+    timed(|| Ok(f()))
+}
+
+struct Report {
+    rows: BTreeMap<&'static str, (&'static str, f64, f64)>,
+}
+
+impl Report {
+    fn add(&mut self, name: &'static str, metric: &'static str, base: f64, store: f64) {
+        eprintln!(
+            "  {name:<26} baseline {:>12} {metric}  store {:>12} {metric}  ratio {:.2}",
+            fmt_num(base),
+            fmt_num(store),
+            base / store
+        );
+        self.rows.insert(name, (metric, base, store));
+    }
+
+    fn print(&self) {
+        println!("scenario\tmetric\tbaseline\tstore\tratio");
+        for name in SCENARIOS {
+            if let Some((metric, b, s)) = self.rows.get(name) {
+                println!(
+                    "{name}\t{metric}\t{}\t{}\t{:.2}",
+                    fmt_num(*b),
+                    fmt_num(*s),
+                    b / s
+                );
+            }
+        }
+    }
+}
+
+fn fmt_num(v: f64) -> String {
+    if v >= 1e6 {
+        format!("{v:.0}")
+    } else if v >= 100.0 {
+        format!("{v:.1}")
+    } else if v >= 1.0 {
+        format!("{v:.3}")
+    } else {
+        format!("{v:.6}")
+    }
+}
+
+fn main() -> Res<()> {
+    let opts = parse_args()?;
+    let start = Instant::now();
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let base_pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(if opts.serial_baseline { 1 } else { cores })
+        .build()?;
+    let base_threads = base_pool.current_num_threads();
+
+    let mut model = base_pool.install(|| Model::new(opts.size_mib));
+    let size = model.bytes();
+    let cfg = |max_versions| Config {
+        chunk_bytes: opts.chunk_bytes,
+        max_versions,
+        ..Config::default()
+    };
+    let mut bufs = base_pool.install(|| model.zeroed_like());
+    base_pool.install(|| copy_all(&model.data, &mut bufs));
+
+    {
+        let probe = model.store(cfg(None))?;
+        let t = probe.tensor(&model.names[0])?;
+        eprintln!(
+            "machine: {cores} cores (available_parallelism); baseline on {base_threads} thread(s), store on rayon's global pool ({} threads)",
+            rayon::current_num_threads()
+        );
+        eprintln!(
+            "model: {} MiB in {TENSORS} f32 tensors of shape [{}, {COLS}]; chunk_bytes {} ({} elements, {} chunks per tensor, {} in all); {} runs per side",
+            size >> 20,
+            model.rows,
+            opts.chunk_bytes,
+            t.chunk_elems(),
+            t.num_chunks(),
+            t.num_chunks() * TENSORS,
+            opts.reps
+        );
+    }
+    let reps = opts.reps;
+    let mut report = Report {
+        rows: BTreeMap::new(),
+    };
+    let names = model.names.clone();
+
+    // ---- commit_unchanged: commit with nothing changed vs one deep copy -------------
+    {
+        let mut store = model.store(cfg(None))?;
+        store.commit("init")?;
+        let data = &model.data;
+        let mut base = || clock(|| base_pool.install(|| copy_all(data, black_box(&mut bufs))));
+        let mut st = || {
+            timed(|| {
+                black_box(store.commit("unchanged")?);
+                Ok(())
+            })
+        };
+        let m = interleave(reps, &mut [&mut base, &mut st])?;
+        report.add("commit_unchanged", "ms", m[0], m[1]);
+    }
+
+    // ---- write_unchanged: write of equal arrays vs a copy ----------------------------
+    {
+        let mut store = model.store(cfg(None))?;
+        store.commit("init")?;
+        let m_ref = &model;
+        let mut base =
+            || clock(|| base_pool.install(|| copy_all(&m_ref.data, black_box(&mut bufs))));
+        let mut st = || {
+            timed(|| {
+                let mut changed = 0;
+                for t in 0..TENSORS {
+                    changed += store.write(&m_ref.names[t], &m_ref.view(t))?.chunks_changed;
+                }
+                assert_eq!(black_box(changed), 0, "write of equal data changed chunks");
+                Ok(())
+            })
+        };
+        let m = interleave(reps, &mut [&mut base, &mut st])?;
+        report.add("write_unchanged", "ms", m[0], m[1]);
+    }
+
+    // ---- verify_throughput: verify() vs blake3 over the same bytes on one thread -----
+    {
+        let mut store = model.store(cfg(None))?;
+        store.commit("init")?;
+        let data = &model.data;
+        let mut base = || {
+            timed(|| {
+                let mut h = blake3::Hasher::new();
+                for d in data {
+                    h.update(bytemuck::cast_slice(d));
+                }
+                black_box(h.finalize());
+                Ok(())
+            })
+        };
+        let mut st = || timed(|| Ok(store.verify()?));
+        let m = interleave(reps, &mut [&mut base, &mut st])?;
+        report.add("verify_throughput", "ms", m[0], m[1]);
+    }
+
+    // ---- restore_into_1pct and diff_1pct: versions A and B differ in 1% of chunks ----
+    {
+        let mut store = model.store(cfg(None))?;
+        let va = store.commit("A")?;
+        let sel = pick_chunks(&store, &model, 0.01, 0)?;
+        for (t, r) in &sel {
+            store.update_range::<f32>(&names[*t], r.clone(), |_, xs| bump(xs))?;
+        }
+        let vb = store.commit("B")?;
+        let (sa, sb) = (store.snapshot(va)?, store.snapshot(vb)?);
+        let n_changed = sel.len();
+
+        // The framework-owned buffers, known to hold A.
+        let mut out = base_pool.install(|| model.zeroed_like());
+        base_pool.install(|| copy_all(&model.data, &mut out));
+        let data = &model.data;
+        let rows = model.rows;
+        let mut base = || clock(|| base_pool.install(|| copy_all(data, black_box(&mut bufs))));
+        let mut to_b = true;
+        let mut st = || {
+            timed(|| {
+                let (target, known) = if to_b { (&sb, &sa) } else { (&sa, &sb) };
+                to_b = !to_b;
+                let mut changed = 0;
+                for (t, name) in names.iter().enumerate() {
+                    let mut v = ArrayViewMut2::from_shape((rows, COLS), &mut out[t][..])?;
+                    changed += target
+                        .tensor(name)?
+                        .copy_changed_into(&mut v, known.tensor(name)?)?
+                        .chunks_changed;
+                }
+                assert_eq!(
+                    black_box(changed),
+                    n_changed,
+                    "copy_changed_into copied a different number of chunks"
+                );
+                Ok(())
+            })
+        };
+        let m = interleave(reps, &mut [&mut base, &mut st])?;
+        report.add("restore_into_1pct", "ms", m[0], m[1]);
+
+        // `out` holds A or B depending on the run count: make it B, then compare deep
+        // copies of A (the model) and B chunk by chunk.
+        for (t, name) in names.iter().enumerate() {
+            let mut v = ArrayViewMut2::from_shape((rows, COLS), &mut out[t][..])?;
+            sb.tensor(name)?.copy_into(&mut v)?;
+        }
+        let ce = sa.tensor(&names[0])?.chunk_elems();
+        let out_ref = &out;
+        let mut base = || {
+            timed(|| {
+                let changed: usize = base_pool.install(|| {
+                    data.par_iter()
+                        .zip(out_ref.par_iter())
+                        .map(|(a, b)| {
+                            a.chunks(ce)
+                                .zip(b.chunks(ce))
+                                .filter(|(x, y)| {
+                                    bytemuck::cast_slice::<f32, u8>(x)
+                                        != bytemuck::cast_slice::<f32, u8>(y)
+                                })
+                                .count()
+                        })
+                        .sum()
+                });
+                assert_eq!(black_box(changed), n_changed, "baseline diff miscounted");
+                Ok(())
+            })
+        };
+        let mut st = || {
+            timed(|| {
+                let d = store.diff(va, vb)?;
+                assert_eq!(black_box(d.changed_chunks()), n_changed, "diff miscounted");
+                Ok(())
+            })
+        };
+        let m = interleave(reps, &mut [&mut base, &mut st])?;
+        report.add("diff_1pct", "ms", m[0], m[1]);
+    }
+
+    // ---- memory_100v_1pct: 100 versions each changing 1% of chunks -------------------
+    {
+        let mut store = model.store(cfg(None))?;
+        store.commit("v0")?;
+        for k in 1..=100 {
+            for (t, r) in pick_chunks(&store, &model, 0.01, k)? {
+                store.update_range::<f32>(&names[t], r, |_, xs| bump(xs))?;
+            }
+            store.commit(&format!("v{k}"))?;
+        }
+        let stats = store.stats();
+        eprintln!(
+            "  memory: {} versions, {} unique chunks, {} unique bytes, {} pooled bytes",
+            stats.versions, stats.unique_chunks, stats.unique_bytes, stats.pooled_bytes
+        );
+        report.add(
+            "memory_100v_1pct",
+            "bytes",
+            (101 * size) as f64,
+            stats.unique_bytes as f64,
+        );
+    }
+
+    // ---- trial_sparse_*: change a share of chunks, commit, restore the previous ------
+    // The store keeps at most two versions (a trial loop's steady state: the rejected
+    // trial is pruned at the next commit and its buffers recycled). The baseline copies
+    // the model out, changes it, and copies it back.
+    for (name, share) in [
+        ("trial_sparse_0.1pct", 0.001),
+        ("trial_sparse_1pct", 0.01),
+        ("trial_sparse_10pct", 0.1),
+    ] {
+        let mut store = model.store(cfg(Some(2)))?;
+        let v0 = store.commit("base")?;
+        let sel = pick_chunks(&store, &model, share, 0)?;
+        let data = &mut model.data;
+        let bufs = &mut bufs;
+        let sel_ref = &sel;
+        let mut base = || {
+            timed(|| {
+                base_pool.install(|| copy_all(data, bufs));
+                for (t, r) in sel_ref {
+                    bump(&mut data[*t][r.clone()]);
+                }
+                black_box(&mut *data);
+                base_pool.install(|| copy_all(bufs, data));
+                Ok(())
+            })
+        };
+        let names = &names;
+        let mut st = || {
+            timed(|| {
+                for (t, r) in sel_ref {
+                    store.update_range::<f32>(&names[*t], r.clone(), |_, xs| bump(xs))?;
+                }
+                black_box(store.commit("trial")?);
+                store.restore(v0)?;
+                Ok(())
+            })
+        };
+        let m = interleave(reps, &mut [&mut base, &mut st])?;
+        report.add(name, "ms", m[0], m[1]);
+    }
+
+    // ---- trial_dense_*: w -= lr * g over every element --------------------------------
+    // Store: zip_update every tensor, then commit keeping at most two versions (undo of
+    // the last step stays possible). Baselines: the same update in place with no undo,
+    // and a deep copy into preallocated buffers followed by that update.
+    {
+        let grads: Vec<Vec<f32>> = base_pool.install(|| {
+            model
+                .data
+                .par_iter()
+                .enumerate()
+                .map(|(t, d)| {
+                    (0..d.len())
+                        .map(|i| 0.5 + ((i * 13 + t) % 101) as f32 * 1e-2)
+                        .collect()
+                })
+                .collect()
+        });
+        let mut store = model.store(cfg(Some(2)))?;
+        store.commit("init")?;
+        // Two untimed steps so the pool holds the buffers of a pruned version.
+        let g_views: Vec<ArrayView2<'_, f32>> = grads
+            .iter()
+            .map(|g| ArrayView2::from_shape((model.rows, COLS), &g[..]))
+            .collect::<Result<_, _>>()?;
+        let mut store_step = move || -> Res<Duration> {
+            timed(|| {
+                for (t, g) in g_views.iter().enumerate() {
+                    store.zip_update::<f32, _, _>(&names[t], g, |w, g| w - LR * g)?;
+                }
+                black_box(store.commit("step")?);
+                Ok(())
+            })
+        };
+        store_step()?;
+        store_step()?;
+        let g = &grads;
+        let data = &mut model.data;
+        let bufs = &mut bufs;
+        // Both baselines update the same arrays; they run in sequence, never at once.
+        let m = {
+            let cell = std::cell::RefCell::new((data, bufs));
+            let mut upd = || {
+                let mut b = cell.borrow_mut();
+                let (d, _) = &mut *b;
+                clock(|| base_pool.install(|| sgd_in_place(black_box(d), g)))
+            };
+            let mut copy_upd = || {
+                let mut b = cell.borrow_mut();
+                let (d, bf) = &mut *b;
+                timed(|| {
+                    base_pool.install(|| {
+                        copy_all(d, bf);
+                        sgd_in_place(black_box(d), g);
+                    });
+                    Ok(())
+                })
+            };
+            interleave(reps, &mut [&mut upd, &mut copy_upd, &mut store_step])?
+        };
+        report.add("trial_dense_vs_update", "ms", m[0], m[2]);
+        report.add("trial_dense_vs_deep_copy", "ms", m[1], m[2]);
+    }
+
+    report.print();
+    eprintln!("total {:.1} s", start.elapsed().as_secs_f64());
+    Ok(())
+}
