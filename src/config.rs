@@ -12,6 +12,10 @@ pub const DEFAULT_CHUNK_BYTES: usize = 64 * 1024;
 /// Default cap of the buffer pool: 1 GiB of freed chunk buffers kept for reuse.
 pub const DEFAULT_RECYCLE_BYTES: usize = 1 << 30;
 
+/// Default working-state size from which fused updates use streaming stores: 32 MiB,
+/// the last-level cache of the machines the benchmarks ran on.
+pub const DEFAULT_STREAM_THRESHOLD_BYTES: usize = 32 << 20;
+
 /// How a [`Store`](crate::Store) cuts tensors and keeps history.
 ///
 /// ```
@@ -35,6 +39,12 @@ pub struct Config {
     /// writes, which then pay no page faults (default [`DEFAULT_RECYCLE_BYTES`]; 0 turns
     /// recycling off). Pooled buffers are not counted by [`Stats`](crate::Stats) as held.
     pub recycle_bytes: usize,
+    /// [`Store::update_map`](crate::Store::update_map) and
+    /// [`Store::zip_update`](crate::Store::zip_update) write new chunks with non-temporal
+    /// (streaming) stores when the working state holds at least this many bytes
+    /// (default [`DEFAULT_STREAM_THRESHOLD_BYTES`]): data larger than the last-level cache
+    /// is then not read before it is overwritten. `usize::MAX` turns them off.
+    pub stream_threshold_bytes: usize,
 }
 
 impl Default for Config {
@@ -43,6 +53,7 @@ impl Default for Config {
             chunk_bytes: DEFAULT_CHUNK_BYTES,
             max_versions: None,
             recycle_bytes: DEFAULT_RECYCLE_BYTES,
+            stream_threshold_bytes: DEFAULT_STREAM_THRESHOLD_BYTES,
         }
     }
 }

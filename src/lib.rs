@@ -84,7 +84,7 @@
 //!
 //! Every fallible call returns [`Error`]; a call that fails changes nothing.
 
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 #![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
 
 mod chunk;
@@ -104,7 +104,9 @@ mod store;
 mod tensor;
 
 pub use chunk::{Chunk, WeakChunk};
-pub use config::{Config, DEFAULT_CHUNK_BYTES, DEFAULT_RECYCLE_BYTES};
+pub use config::{
+    Config, DEFAULT_CHUNK_BYTES, DEFAULT_RECYCLE_BYTES, DEFAULT_STREAM_THRESHOLD_BYTES,
+};
 pub use diff::{Diff, TensorDiff, VarDiff};
 pub use element::{DType, Element};
 pub use error::{Conflict, Error, Result};

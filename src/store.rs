@@ -10,6 +10,7 @@ use crate::config::Config;
 use crate::element::Element;
 use crate::error::{Error, Result};
 use crate::history::{check_ref_name, Head, History, Ref, Vars, VersionId};
+use crate::kernels::Stores;
 use crate::retention::Retention;
 use crate::snapshot::Snapshot;
 use crate::tensor::{Tensor, WriteStats};
@@ -158,6 +159,16 @@ impl Store {
         self.working.get(name).ok_or_else(|| unknown(name))
     }
 
+    /// Streaming stores pay only when the data does not stay in the last-level cache.
+    fn stores(&self) -> Stores {
+        let bytes: usize = self.working.values().map(Tensor::nbytes).sum();
+        if bytes >= self.config.stream_threshold_bytes {
+            Stores::Streaming
+        } else {
+            Stores::Normal
+        }
+    }
+
     fn typed_mut<T: Element>(&mut self, name: &str) -> Result<&mut Tensor> {
         let t = self.working.get_mut(name).ok_or_else(|| unknown(name))?;
         t.check_dtype::<T>(name)?;
@@ -238,8 +249,9 @@ impl Store {
         f: impl Fn(T) -> T + Sync + Send,
     ) -> Result<WriteStats> {
         let alloc = self.alloc.clone();
+        let stores = self.stores();
         let t = self.typed_mut::<T>(name)?;
-        let written = t.map(&alloc, f);
+        let written = t.map(&alloc, stores, f);
         Ok(stats_for(t, written))
     }
 
@@ -264,13 +276,14 @@ impl Store {
         D: Dimension,
     {
         let alloc = self.alloc.clone();
+        let stores = self.stores();
         let t = self.typed_mut::<T>(name)?;
         t.check_shape(name, other.shape())?;
         let std = other.as_standard_layout();
         let flat = std.as_slice().ok_or_else(|| Error::Corrupt {
             reason: "standard-layout array without a contiguous slice".into(),
         })?;
-        let written = t.zip(flat, &alloc, f);
+        let written = t.zip(flat, &alloc, stores, f);
         Ok(stats_for(t, written))
     }
 

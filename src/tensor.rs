@@ -13,7 +13,7 @@ use crate::chunk::{Alloc, Chunk};
 use crate::element::{DType, Element};
 use crate::error::{Error, Result};
 use crate::hash::ContentHash;
-use crate::kernels;
+use crate::kernels::{self, Stores};
 
 /// The persistent container of a tensor's chunks (kept behind this alias so that it can
 /// change without touching the rest of the crate).
@@ -551,12 +551,13 @@ impl Tensor {
     pub(crate) fn map<T: Element>(
         &mut self,
         alloc: &Alloc,
+        stores: Stores,
         f: impl Fn(T) -> T + Sync,
     ) -> (usize, usize) {
         self.fused(
             alloc,
             None,
-            |src, _, dst| kernels::map_into(src, dst, &f),
+            |src, _, dst| kernels::map_into(src, dst, &f, stores),
             |buf, _| kernels::map_in_place(buf, &f),
         )
     }
@@ -567,13 +568,14 @@ impl Tensor {
         &mut self,
         other: &[T],
         alloc: &Alloc,
+        stores: Stores,
         f: impl Fn(T, T) -> T + Sync,
     ) -> (usize, usize) {
         debug_assert_eq!(other.len(), self.len(), "zip: operand length differs");
         self.fused(
             alloc,
             Some(other),
-            |src, o, dst| kernels::zip_into(src, o, dst, &f),
+            |src, o, dst| kernels::zip_into(src, o, dst, &f, stores),
             |buf, o| kernels::zip_in_place(buf, o, &f),
         )
     }
