@@ -1,0 +1,644 @@
+//! Model-based property test of the version history: random sequences of working-state
+//! edits and history operations are applied to a [`Store`] with 64-byte chunks and to a
+//! naive model that deep-copies every version. After every step the working state, HEAD,
+//! the refs, the versions, their parents, children and contents, the errors and
+//! `verify()` must agree with the model.
+
+mod model;
+
+use ndarray::ArrayD;
+use proptest::prelude::*;
+use proptest::test_runner::FileFailurePersistence;
+use tensor_history::{Config, Error, MergeStrategy, Ref, Retention, Store, VersionId};
+
+use model::{
+    bits_eq, diff_model, var_unknown, vid, Arr, MHead, MResult, MVars, Model, CHUNK_BYTES, VALUES,
+};
+
+const VAR_NAMES: [&str; 3] = ["a", "b", "c"];
+/// Scalars, empty, one chunk, one chunk plus one, several chunks, whole rows per chunk
+/// (5 per row: 15 elements per chunk) and rows split across chunks (20 per row).
+const SHAPES: &[&[usize]] = &[&[], &[0], &[5], &[16], &[17], &[40], &[3, 5], &[2, 20]];
+/// The first five are valid ref names, the rest are not.
+const REF_NAMES: [&str; 8] = ["main", "dev", "exp", "v1", "t", "", "HEAD", "a b"];
+const WEIGHTS: [f64; 4] = [1.0, 2.0, 0.5, 0.0];
+const STRATEGIES: [MergeStrategy; 4] = [
+    MergeStrategy::Fail,
+    MergeStrategy::Ours,
+    MergeStrategy::Theirs,
+    MergeStrategy::Mean,
+];
+
+// ---- operations --------------------------------------------------------------------
+
+#[derive(Clone, Debug)]
+enum Op {
+    Insert {
+        name: usize,
+        shape: usize,
+        seed: usize,
+    },
+    Remove {
+        name: usize,
+    },
+    /// `update_range` of a few elements: set them to a value or add it.
+    Update {
+        name: usize,
+        start: usize,
+        len: usize,
+        val: usize,
+        add: bool,
+        out_of_bounds: bool,
+    },
+    /// `write` of the current contents with one element changed, or of a fresh array of
+    /// some shape (possibly the wrong one).
+    Write {
+        name: usize,
+        fresh: bool,
+        shape: usize,
+        seed: usize,
+    },
+    Commit,
+    /// `tip` picks among the tips of the tree, else any id.
+    Restore {
+        id: usize,
+        tip: bool,
+    },
+    Discard,
+    Undo,
+    Redo,
+    Branch {
+        name: usize,
+        id: usize,
+    },
+    Tag {
+        name: usize,
+        id: usize,
+    },
+    Checkout {
+        name: usize,
+    },
+    DeleteBranch {
+        name: usize,
+    },
+    DeleteTag {
+        name: usize,
+    },
+    Detach,
+    Merge {
+        id: usize,
+        tip: bool,
+        strategy: usize,
+    },
+    Average {
+        ids: Vec<usize>,
+        weights: Option<Vec<usize>>,
+    },
+    Prune {
+        last: Option<usize>,
+        every: Option<usize>,
+        unreachable: bool,
+    },
+    /// Restore some version, change a few elements and commit: a new fork of the tree,
+    /// so that merges are often true three-way merges. Runs as those three steps.
+    Fork {
+        id: usize,
+        name: usize,
+        start: usize,
+        val: usize,
+    },
+}
+
+impl Op {
+    /// The steps an operation runs as (one, except for [`Op::Fork`]).
+    fn steps(&self) -> Vec<Op> {
+        match *self {
+            Op::Fork {
+                id,
+                name,
+                start,
+                val,
+            } => vec![
+                Op::Restore { id, tip: false },
+                Op::Update {
+                    name,
+                    start,
+                    len: 2,
+                    val,
+                    add: true,
+                    out_of_bounds: false,
+                },
+                Op::Commit,
+            ],
+            _ => vec![self.clone()],
+        }
+    }
+}
+
+fn ref_name() -> impl Strategy<Value = usize> {
+    prop_oneof![9 => 0..5usize, 1 => 5..REF_NAMES.len()]
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let name = 0..VAR_NAMES.len();
+    let id = 0..64usize;
+    prop_oneof![
+        2 => (name.clone(), 0..SHAPES.len(), 0..5usize)
+            .prop_map(|(name, shape, seed)| Op::Insert { name, shape, seed }),
+        1 => name.clone().prop_map(|name| Op::Remove { name }),
+        5 => (name.clone(), 0..64usize, 0..4usize, 0..VALUES.len(), any::<bool>(),
+              prop::bool::weighted(0.05))
+            .prop_map(|(name, start, len, val, add, out_of_bounds)| Op::Update {
+                name, start, len, val, add, out_of_bounds,
+            }),
+        2 => (name.clone(), prop::bool::weighted(0.3), 0..SHAPES.len(), 0..64usize)
+            .prop_map(|(name, fresh, shape, seed)| Op::Write { name, fresh, shape, seed }),
+        6 => Just(Op::Commit),
+        2 => (id.clone(), any::<bool>()).prop_map(|(id, tip)| Op::Restore { id, tip }),
+        1 => Just(Op::Discard),
+        3 => Just(Op::Undo),
+        2 => Just(Op::Redo),
+        2 => (ref_name(), id.clone()).prop_map(|(name, id)| Op::Branch { name, id }),
+        1 => (ref_name(), id.clone()).prop_map(|(name, id)| Op::Tag { name, id }),
+        2 => ref_name().prop_map(|name| Op::Checkout { name }),
+        1 => ref_name().prop_map(|name| Op::DeleteBranch { name }),
+        1 => ref_name().prop_map(|name| Op::DeleteTag { name }),
+        1 => Just(Op::Detach),
+        3 => (id.clone(), prop::bool::weighted(0.7), 0..STRATEGIES.len())
+            .prop_map(|(id, tip, strategy)| Op::Merge { id, tip, strategy }),
+        1 => (
+            prop::collection::vec(id.clone(), 1..4),
+            prop::bool::weighted(0.05),
+            prop::option::weighted(0.5, prop::collection::vec(0..WEIGHTS.len(), 4)),
+            prop::bool::weighted(0.1),
+        )
+            .prop_map(|(mut ids, no_ids, weights, wrong_len)| {
+                if no_ids {
+                    ids.clear();
+                }
+                // Mostly one weight per version, sometimes one too many.
+                let n = ids.len() + usize::from(wrong_len);
+                let weights = weights.map(|w| w[..n].to_vec());
+                Op::Average { ids, weights }
+            }),
+        3 => (id.clone(), name.clone(), 0..64usize, 1..VALUES.len())
+            .prop_map(|(id, name, start, val)| Op::Fork { id, name, start, val }),
+        2 => (
+            prop::option::of(1..4usize),
+            prop::option::weighted(0.3, 2..4usize),
+            any::<bool>(),
+        )
+            .prop_map(|(last, every, unreachable)| Op::Prune { last, every, unreachable }),
+    ]
+}
+
+/// Operations weighted towards diverging lines of history and merging them (conflicts,
+/// every strategy), with undo, restore and pruning in between.
+fn merge_op() -> impl Strategy<Value = Op> {
+    let name = 0..2usize;
+    let id = 0..64usize;
+    prop_oneof![
+        5 => (name.clone(), 0..64usize, 1..4usize, 0..VALUES.len(), any::<bool>())
+            .prop_map(|(name, start, len, val, add)| Op::Update {
+                name, start, len, val, add, out_of_bounds: false,
+            }),
+        1 => (name.clone(), 0..SHAPES.len(), 0..64usize)
+            .prop_map(|(name, shape, seed)| Op::Write { name, fresh: true, shape, seed }),
+        1 => (name.clone(), 0..SHAPES.len(), 0..5usize)
+            .prop_map(|(name, shape, seed)| Op::Insert { name, shape, seed }),
+        1 => name.clone().prop_map(|name| Op::Remove { name }),
+        4 => Just(Op::Commit),
+        4 => (id.clone(), name.clone(), 0..64usize, 1..VALUES.len())
+            .prop_map(|(id, name, start, val)| Op::Fork { id, name, start, val }),
+        5 => (id.clone(), prop::bool::weighted(0.9), 0..STRATEGIES.len())
+            .prop_map(|(id, tip, strategy)| Op::Merge { id, tip, strategy }),
+        1 => (prop::collection::vec(id.clone(), 2..4), prop::option::of(prop::collection::vec(0..3usize, 4)))
+            .prop_map(|(ids, weights)| {
+                let weights = weights.map(|w| w[..ids.len()].to_vec());
+                Op::Average { ids, weights }
+            }),
+        1 => Just(Op::Undo),
+        1 => Just(Op::Discard),
+        1 => (prop::option::of(2..5usize), any::<bool>())
+            .prop_map(|(last, unreachable)| Op::Prune { last, every: None, unreachable }),
+    ]
+}
+
+/// A version id: most often one that exists or existed, sometimes the next (unknown) one.
+fn pick_id(raw: usize, model: &Model) -> u64 {
+    (raw % (model.nodes.len() + 1)) as u64
+}
+
+/// A version that is not an ancestor of HEAD, preferably a tip (a likely merge partner),
+/// else as [`pick_id`].
+fn pick_tip(raw: usize, model: &Model) -> u64 {
+    let ancestors = model
+        .head_id()
+        .map(|h| model.ancestors(h))
+        .unwrap_or_default();
+    let mut tips: Vec<u64> = model
+        .live()
+        .into_iter()
+        .filter(|v| !ancestors.contains(v))
+        .collect();
+    if raw % 2 == 0 {
+        let only_tips: Vec<u64> = tips
+            .iter()
+            .copied()
+            .filter(|v| model.children(*v).is_empty())
+            .collect();
+        if !only_tips.is_empty() {
+            tips = only_tips;
+        }
+    }
+    if tips.is_empty() {
+        pick_id(raw, model)
+    } else {
+        tips[raw % tips.len()]
+    }
+}
+
+fn same_error(got: &Error, want: &Error) -> bool {
+    match (got, want) {
+        // The reason text is free prose; the kind is what the contract fixes.
+        (Error::InvalidArgument { .. }, Error::InvalidArgument { .. }) => true,
+        _ => got == want,
+    }
+}
+
+/// Both succeeded with equal values, or both failed with the same error.
+fn agree<T: PartialEq + std::fmt::Debug>(
+    op: &Op,
+    got: Result<T, Error>,
+    want: MResult<T>,
+) -> Result<(), TestCaseError> {
+    match (&got, &want) {
+        (Ok(g), Ok(w)) => prop_assert_eq!(g, w, "{:?}", op),
+        (Err(g), Err(w)) => prop_assert!(
+            same_error(g, w),
+            "{:?}: store error {:?}, model error {:?}",
+            op,
+            g,
+            w
+        ),
+        _ => prop_assert!(false, "{:?}: store {:?}, model {:?}", op, got, want),
+    }
+    Ok(())
+}
+
+fn apply(store: &mut Store, model: &mut Model, op: &Op, step: usize) -> Result<(), TestCaseError> {
+    match op {
+        Op::Insert { name, shape, seed } => {
+            let name = VAR_NAMES[*name];
+            let arr = Arr::ramp(SHAPES[*shape], *seed);
+            let want = if model.working.contains_key(name) {
+                Err(Error::VariableExists {
+                    name: name.to_owned(),
+                })
+            } else {
+                model.working.insert(name.to_owned(), arr.clone());
+                Ok(())
+            };
+            agree(op, store.insert(name, &arr.to_array()), want)?;
+        }
+        Op::Remove { name } => {
+            let name = VAR_NAMES[*name];
+            let want = model
+                .working
+                .remove(name)
+                .map(|_| ())
+                .ok_or_else(|| var_unknown(name));
+            agree(op, store.remove(name).map(|_| ()), want)?;
+        }
+        Op::Update {
+            name,
+            start,
+            len,
+            val,
+            add,
+            out_of_bounds,
+        } => {
+            let name = VAR_NAMES[*name];
+            let val = VALUES[*val];
+            let f = |x: &mut f32| {
+                if *add {
+                    *x += val;
+                } else {
+                    *x = val;
+                }
+            };
+            let (range, want) = match model.working.get_mut(name) {
+                None => (0..1, Err(var_unknown(name))),
+                Some(arr) => {
+                    let n = arr.data.len();
+                    let s = start % (n + 1);
+                    if *out_of_bounds {
+                        let range = s..n + 1;
+                        let err = Error::RangeOutOfBounds {
+                            name: name.to_owned(),
+                            range: range.clone(),
+                            len: n,
+                        };
+                        (range, Err(err))
+                    } else {
+                        let range = s..(s + len).min(n);
+                        arr.data[range.clone()].iter_mut().for_each(f);
+                        (range, Ok(()))
+                    }
+                }
+            };
+            let got = store.update_range::<f32>(name, range, |_, xs| xs.iter_mut().for_each(f));
+            agree(op, got.map(|_| ()), want)?;
+        }
+        Op::Write {
+            name,
+            fresh,
+            shape,
+            seed,
+        } => {
+            let name = VAR_NAMES[*name];
+            let arr = match model.working.get(name) {
+                Some(cur) if !fresh => {
+                    let mut arr = cur.clone();
+                    if !arr.data.is_empty() {
+                        let i = seed % arr.data.len();
+                        arr.data[i] = VALUES[seed % VALUES.len()];
+                    }
+                    arr
+                }
+                _ => Arr::ramp(SHAPES[*shape], *seed),
+            };
+            let want = match model.working.get_mut(name) {
+                None => Err(var_unknown(name)),
+                Some(cur) if cur.shape != arr.shape => Err(Error::ShapeMismatch {
+                    name: name.to_owned(),
+                    expected: cur.shape.clone(),
+                    found: arr.shape.clone(),
+                }),
+                Some(cur) => {
+                    let changed = (0..cur.num_chunks())
+                        .filter(|&i| !bits_eq(cur.chunk(i), arr.chunk(i)))
+                        .count();
+                    *cur = arr.clone();
+                    Ok(changed)
+                }
+            };
+            let got = store.write(name, &arr.to_array());
+            agree(op, got.map(|s| s.chunks_changed), want)?;
+        }
+        Op::Commit => {
+            let message = format!("step {step}");
+            let parents = model.head_id().into_iter().collect();
+            let vars = model.working.clone();
+            let want = model.record(parents, message.clone(), vars);
+            agree(op, store.commit(&message), Ok(vid(want)))?;
+        }
+        Op::Restore { id, tip } => {
+            let id = if *tip {
+                pick_tip(*id, model)
+            } else {
+                pick_id(*id, model)
+            };
+            let want = model.restore(id);
+            agree(op, store.restore(vid(id)), want)?;
+        }
+        Op::Discard => {
+            model.working = model.head_vars();
+            agree(op, store.discard(), Ok(()))?;
+        }
+        Op::Undo => {
+            let want = model.undo().map(vid);
+            agree(op, store.undo(), want)?;
+        }
+        Op::Redo => {
+            let want = model.redo().map(vid);
+            agree(op, store.redo(), want)?;
+        }
+        Op::Branch { name, id } => {
+            let (name, id) = (REF_NAMES[*name], pick_id(*id, model));
+            let want = model.new_ref(name, Ref::Branch(vid(id)));
+            agree(op, store.branch(name, vid(id)), want)?;
+        }
+        Op::Tag { name, id } => {
+            let (name, id) = (REF_NAMES[*name], pick_id(*id, model));
+            let want = model.new_ref(name, Ref::Tag(vid(id)));
+            agree(op, store.tag(name, vid(id)), want)?;
+        }
+        Op::Checkout { name } => {
+            let name = REF_NAMES[*name];
+            let want = model.checkout(name);
+            agree(op, store.checkout(name), want)?;
+        }
+        Op::DeleteBranch { name } => {
+            let name = REF_NAMES[*name];
+            let want = model.delete_ref(name, true);
+            agree(op, store.delete_branch(name), want)?;
+        }
+        Op::DeleteTag { name } => {
+            let name = REF_NAMES[*name];
+            let want = model.delete_ref(name, false);
+            agree(op, store.delete_tag(name), want)?;
+        }
+        Op::Detach => {
+            if let Some(h) = model.head_id() {
+                model.head = MHead::Detached(h);
+            }
+            store.detach();
+        }
+        Op::Merge { id, tip, strategy } => {
+            let id = if *tip {
+                pick_tip(*id, model)
+            } else {
+                pick_id(*id, model)
+            };
+            let strategy = STRATEGIES[*strategy];
+            let want = model.merge(id, strategy).map(vid);
+            agree(op, store.merge(vid(id), strategy), want)?;
+        }
+        Op::Average { ids, weights } => {
+            let ids: Vec<u64> = ids.iter().map(|i| pick_id(*i, model)).collect();
+            let weights: Option<Vec<f64>> = weights
+                .as_ref()
+                .map(|w| w.iter().map(|i| WEIGHTS[*i]).collect());
+            let want = model.average(&ids, weights.as_deref()).map(vid);
+            let ids: Vec<VersionId> = ids.into_iter().map(vid).collect();
+            agree(op, store.average(&ids, weights.as_deref()), want)?;
+        }
+        Op::Fork { .. } => unreachable!("runs as its steps"),
+        Op::Prune {
+            last,
+            every,
+            unreachable,
+        } => {
+            let mut policy = Retention::default().drop_unreachable(*unreachable);
+            policy.last = *last;
+            if let Some(k) = every {
+                policy = policy.keep_every(*k);
+            }
+            let want = model.prune(*last, *every, *unreachable);
+            let got = store.prune(&policy);
+            let got = got.map(|s| {
+                (
+                    s.dropped.iter().map(|v| v.0).collect::<Vec<_>>(),
+                    s.kept,
+                    s.bytes_after <= s.bytes_before,
+                )
+            });
+            agree(op, got, Ok((want, model.live().len(), true)))?;
+        }
+    }
+    Ok(())
+}
+
+fn check_contents(
+    what: &str,
+    names: Vec<String>,
+    get: impl Fn(&str) -> Result<ArrayD<f32>, Error>,
+    want: &MVars,
+) -> Result<(), TestCaseError> {
+    let want_names: Vec<String> = want.keys().cloned().collect();
+    prop_assert_eq!(names, want_names, "{}: names", what);
+    for (name, arr) in want {
+        let got = get(name).map_err(|e| TestCaseError::fail(format!("{what}: {e}")))?;
+        prop_assert_eq!(got.shape(), &arr.shape[..], "{}: shape of {}", what, name);
+        let flat: Vec<f32> = got.iter().copied().collect();
+        prop_assert!(
+            bits_eq(&flat, &arr.data),
+            "{}: `{}` is {:?}, model has {:?}",
+            what,
+            name,
+            flat,
+            arr.data
+        );
+    }
+    Ok(())
+}
+
+/// Everything observable about the store equals the model.
+fn check(store: &Store, model: &Model) -> Result<(), TestCaseError> {
+    check_contents(
+        "working state",
+        store.names(),
+        |n| store.get::<f32>(n),
+        &model.working,
+    )?;
+    prop_assert_eq!(store.head(), model.head_id().map(vid));
+    prop_assert_eq!(store.current_branch(), model.head_branch());
+    let refs: Vec<(String, Ref)> = model.refs.iter().map(|(k, v)| (k.clone(), *v)).collect();
+    prop_assert_eq!(store.refs(), refs);
+    let live = model.live();
+    prop_assert_eq!(
+        store.versions(),
+        live.iter().map(|v| vid(*v)).collect::<Vec<_>>()
+    );
+    let tips: Vec<VersionId> = live
+        .iter()
+        .filter(|v| model.children(**v).is_empty())
+        .map(|v| vid(*v))
+        .collect();
+    prop_assert_eq!(store.tips(), tips);
+    prop_assert_eq!(store.is_dirty(), model.dirty());
+    prop_assert_eq!(
+        store.diff_working(),
+        diff_model(&model.head_vars(), &model.working)
+    );
+    for id in 0..=model.nodes.len() as u64 {
+        match model.node(id) {
+            Ok(node) => {
+                let snap = store
+                    .snapshot(vid(id))
+                    .map_err(|e| TestCaseError::fail(format!("snapshot v{id}: {e}")))?;
+                prop_assert_eq!(snap.id(), Some(vid(id)));
+                prop_assert_eq!(snap.message(), node.message.as_str());
+                check_contents(
+                    &format!("v{id}"),
+                    snap.names(),
+                    |n| snap.get::<f32>(n),
+                    &node.vars,
+                )?;
+                let parents: Vec<VersionId> = node.parents.iter().map(|p| vid(*p)).collect();
+                prop_assert_eq!(store.parents(vid(id)).ok(), Some(parents), "v{}", id);
+                let children: Vec<VersionId> = model.children(id).into_iter().map(vid).collect();
+                prop_assert_eq!(store.children(vid(id)).ok(), Some(children), "v{}", id);
+            }
+            Err(want) => {
+                let got = store.snapshot(vid(id)).map(|_| ());
+                prop_assert_eq!(got, Err(want));
+            }
+        }
+    }
+    if let Some(h) = model.head_id() {
+        let log: Vec<VersionId> = model.ancestors(h).into_iter().rev().map(vid).collect();
+        prop_assert_eq!(store.log(vid(h)).ok(), Some(log));
+        let head = model.node(h).unwrap();
+        if let Some(&p) = head.parents.first() {
+            let want = diff_model(&model.node(p).unwrap().vars, &head.vars);
+            prop_assert_eq!(store.diff(vid(p), vid(h)).ok(), Some(want));
+        }
+        for v in &live {
+            let want = model.merge_base(h, *v).map(vid);
+            prop_assert_eq!(store.merge_base(vid(h), vid(*v)).ok(), Some(want), "v{}", v);
+        }
+    }
+    if let Err(e) = store.verify() {
+        prop_assert!(false, "verify failed: {}", e);
+    }
+    Ok(())
+}
+
+fn run(max_versions: Option<usize>, ops: &[Op]) -> Result<(), TestCaseError> {
+    let mut store = Store::with_config(Config {
+        chunk_bytes: CHUNK_BYTES,
+        max_versions,
+        ..Config::default()
+    })
+    .unwrap();
+    let mut model = Model::new(max_versions);
+    // Start with two variables (several chunks each) so that most edits hit something.
+    let setup = [
+        Op::Insert {
+            name: 0,
+            shape: 5,
+            seed: 0,
+        },
+        Op::Insert {
+            name: 1,
+            shape: 7,
+            seed: 1,
+        },
+    ];
+    let steps: Vec<Op> = setup.iter().chain(ops).flat_map(Op::steps).collect();
+    for (step, op) in steps.iter().enumerate() {
+        apply(&mut store, &mut model, op, step)?;
+        check(&store, &model)?;
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: 128,
+        failure_persistence: Some(Box::new(FileFailurePersistence::Direct(
+            "proptest-regressions/history_model.txt",
+        ))),
+        ..ProptestConfig::default()
+    })]
+
+    #[test]
+    fn store_matches_deep_copy_model(ops in prop::collection::vec(op(), 1..40)) {
+        run(None, &ops)?;
+    }
+
+    #[test]
+    fn merges_match_deep_copy_model(ops in prop::collection::vec(merge_op(), 1..40)) {
+        run(None, &ops)?;
+    }
+
+    #[test]
+    fn store_with_max_versions_matches_deep_copy_model(
+        max in 1..4usize,
+        ops in prop::collection::vec(op(), 1..40),
+    ) {
+        run(Some(max), &ops)?;
+    }
+}

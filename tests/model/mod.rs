@@ -1,0 +1,647 @@
+//! A naive model of a store's history for the model-based tests: every version is a deep
+//! copy (`BTreeMap<String, Vec<f32> + shape>`), with its own parent links, refs, HEAD,
+//! redo stack and pruned set, and each documented operation written out plainly
+//! (merges chunk by chunk against the merge base).
+#![allow(dead_code)]
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use ndarray::{ArrayD, IxDyn};
+use tensor_history::{Conflict, Diff, Error, MergeStrategy, Ref, TensorDiff, VarDiff, VersionId};
+
+/// 16 `f32` elements per chunk.
+pub const CHUNK_BYTES: usize = 64;
+/// Few distinct values, so that equal chunks written independently are common.
+pub const VALUES: [f32; 5] = [0.0, 1.0, 2.0, 3.0, -1.0];
+
+/// A deep copy of one `f32` tensor.
+#[derive(Clone, Debug)]
+pub struct Arr {
+    pub shape: Vec<usize>,
+    pub data: Vec<f32>,
+}
+
+impl Arr {
+    pub fn ramp(shape: &[usize], seed: usize) -> Arr {
+        let n: usize = shape.iter().product();
+        Arr {
+            shape: shape.to_vec(),
+            data: (0..n)
+                .map(|i| VALUES[(i / 7 + seed) % VALUES.len()])
+                .collect(),
+        }
+    }
+
+    /// Equal dtype, shape and bytes (bitwise, as the store compares).
+    pub fn same(&self, other: &Arr) -> bool {
+        self.shape == other.shape && bits_eq(&self.data, &other.data)
+    }
+
+    /// Elements per chunk, as documented: whole rows of the outermost axis when a row
+    /// fits in a chunk, else as many elements as fit.
+    pub fn chunk_elems(&self) -> usize {
+        let per = CHUNK_BYTES / 4;
+        if let Some((_, rest)) = self.shape.split_first() {
+            let row: usize = rest.iter().product();
+            if row > 0 && row <= per {
+                return per / row * row;
+            }
+        }
+        per
+    }
+
+    pub fn num_chunks(&self) -> usize {
+        self.data.len().div_ceil(self.chunk_elems())
+    }
+
+    pub fn chunk(&self, i: usize) -> &[f32] {
+        let ce = self.chunk_elems();
+        &self.data[i * ce..((i + 1) * ce).min(self.data.len())]
+    }
+
+    pub fn with_chunks(&self, chunks: &[Vec<f32>]) -> Arr {
+        Arr {
+            shape: self.shape.clone(),
+            data: chunks.concat(),
+        }
+    }
+
+    pub fn to_array(&self) -> ArrayD<f32> {
+        ArrayD::from_shape_vec(IxDyn(&self.shape), self.data.clone()).unwrap()
+    }
+}
+
+pub fn bits_eq(a: &[f32], b: &[f32]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+}
+
+pub type MVars = BTreeMap<String, Arr>;
+
+pub fn vars_same(a: &MVars, b: &MVars) -> bool {
+    a.len() == b.len()
+        && a.iter()
+            .zip(b)
+            .all(|((ka, ta), (kb, tb))| ka == kb && ta.same(tb))
+}
+
+pub fn opt_same(a: Option<&Arr>, b: Option<&Arr>) -> bool {
+    match (a, b) {
+        (None, None) => true,
+        (Some(a), Some(b)) => a.same(b),
+        _ => false,
+    }
+}
+
+/// The documented diff of two variable maps: per variable added, removed, unchanged, or
+/// changed with the chunk indices whose bytes differ (every chunk when the shape changed),
+/// their element ranges (adjacent ones merged) and bytes.
+pub fn diff_model(a: &MVars, b: &MVars) -> Diff {
+    let names: BTreeSet<&String> = a.keys().chain(b.keys()).collect();
+    let vars = names
+        .into_iter()
+        .map(|name| {
+            let d = match (a.get(name), b.get(name)) {
+                (Some(_), None) => VarDiff::Removed,
+                (None, Some(_)) => VarDiff::Added,
+                (Some(x), Some(y)) => {
+                    let layout_changed = x.shape != y.shape;
+                    let chunks: Vec<usize> = (0..y.num_chunks())
+                        .filter(|&i| layout_changed || !bits_eq(x.chunk(i), y.chunk(i)))
+                        .collect();
+                    if chunks.is_empty() && !layout_changed {
+                        VarDiff::Unchanged
+                    } else {
+                        let ce = y.chunk_elems();
+                        let mut elements: Vec<std::ops::Range<usize>> = Vec::new();
+                        for &i in &chunks {
+                            let r = i * ce..((i + 1) * ce).min(y.data.len());
+                            match elements.last_mut() {
+                                Some(last) if last.end == r.start => last.end = r.end,
+                                _ => elements.push(r),
+                            }
+                        }
+                        let bytes = elements.iter().map(|r| r.len() * 4).sum();
+                        VarDiff::Changed(TensorDiff {
+                            chunks,
+                            elements,
+                            bytes,
+                            layout_changed,
+                        })
+                    }
+                }
+                (None, None) => unreachable!(),
+            };
+            (name.clone(), d)
+        })
+        .collect();
+    Diff { vars }
+}
+
+/// Weighted mean of equal-length slices, in `f64`, rounded once.
+pub fn mean_of(parts: &[&[f32]], weights: &[f64]) -> Vec<f32> {
+    let total: f64 = weights.iter().sum();
+    (0..parts[0].len())
+        .map(|j| {
+            let s: f64 = parts
+                .iter()
+                .zip(weights)
+                .map(|(x, w)| f64::from(x[j]) * w)
+                .sum();
+            (s / total) as f32
+        })
+        .collect()
+}
+
+/// Chunk-wise mean; chunks equal in every part are taken as they are.
+pub fn mean_arr(parts: &[&Arr], weights: &[f64]) -> Arr {
+    let chunks: Vec<Vec<f32>> = (0..parts[0].num_chunks())
+        .map(|i| {
+            let col: Vec<&[f32]> = parts.iter().map(|p| p.chunk(i)).collect();
+            if col.iter().all(|c| bits_eq(c, col[0])) {
+                col[0].to_vec()
+            } else {
+                mean_of(&col, weights)
+            }
+        })
+        .collect();
+    parts[0].with_chunks(&chunks)
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum MHead {
+    Branch(String),
+    Detached(u64),
+}
+
+#[derive(Clone, Debug)]
+pub struct MNode {
+    pub parents: Vec<u64>,
+    pub message: String,
+    pub vars: MVars,
+}
+
+#[derive(Clone, Debug)]
+pub struct Model {
+    /// `None` once pruned.
+    pub nodes: Vec<Option<MNode>>,
+    pub refs: BTreeMap<String, Ref>,
+    pub head: MHead,
+    pub redo: Vec<u64>,
+    pub working: MVars,
+    pub max_versions: Option<usize>,
+}
+
+pub type MResult<T> = Result<T, Error>;
+
+pub fn vid(id: u64) -> VersionId {
+    VersionId(id)
+}
+
+pub fn var_unknown(name: &str) -> Error {
+    Error::UnknownVariable {
+        name: name.to_owned(),
+    }
+}
+
+pub fn invalid_arg() -> Error {
+    Error::InvalidArgument {
+        reason: String::new(),
+    }
+}
+
+impl Model {
+    pub fn new(max_versions: Option<usize>) -> Model {
+        Model {
+            nodes: Vec::new(),
+            refs: BTreeMap::new(),
+            head: MHead::Branch("main".into()),
+            redo: Vec::new(),
+            working: MVars::new(),
+            max_versions,
+        }
+    }
+
+    pub fn node(&self, id: u64) -> MResult<&MNode> {
+        match self.nodes.get(id as usize) {
+            Some(Some(n)) => Ok(n),
+            Some(None) => Err(Error::PrunedVersion { id: vid(id) }),
+            None => Err(Error::UnknownVersion { id: vid(id) }),
+        }
+    }
+
+    pub fn live(&self) -> Vec<u64> {
+        (0..self.nodes.len() as u64)
+            .filter(|&i| self.nodes[i as usize].is_some())
+            .collect()
+    }
+
+    pub fn children(&self, id: u64) -> Vec<u64> {
+        self.live()
+            .into_iter()
+            .filter(|&c| self.node(c).unwrap().parents.contains(&id))
+            .collect()
+    }
+
+    pub fn head_id(&self) -> Option<u64> {
+        match &self.head {
+            MHead::Branch(b) => self.refs.get(b).map(|r| r.target().0),
+            MHead::Detached(v) => Some(*v),
+        }
+    }
+
+    pub fn head_branch(&self) -> Option<&str> {
+        match &self.head {
+            MHead::Branch(b) => Some(b),
+            MHead::Detached(_) => None,
+        }
+    }
+
+    pub fn move_head(&mut self, id: u64) {
+        match &self.head {
+            MHead::Branch(b) => {
+                self.refs.insert(b.clone(), Ref::Branch(vid(id)));
+            }
+            MHead::Detached(_) => self.head = MHead::Detached(id),
+        }
+    }
+
+    pub fn head_vars(&self) -> MVars {
+        match self.head_id() {
+            Some(h) => self.node(h).unwrap().vars.clone(),
+            None => MVars::new(),
+        }
+    }
+
+    pub fn dirty(&self) -> bool {
+        match self.head_id() {
+            None => !self.working.is_empty(),
+            Some(h) => !vars_same(&self.working, &self.node(h).unwrap().vars),
+        }
+    }
+
+    pub fn ancestors(&self, id: u64) -> BTreeSet<u64> {
+        let mut seen = BTreeSet::new();
+        let mut stack = vec![id];
+        while let Some(v) = stack.pop() {
+            if seen.insert(v) {
+                stack.extend(self.node(v).unwrap().parents.iter().copied());
+            }
+        }
+        seen
+    }
+
+    /// The newest common ancestor.
+    pub fn merge_base(&self, a: u64, b: u64) -> Option<u64> {
+        let from_a = self.ancestors(a);
+        self.ancestors(b)
+            .into_iter()
+            .rev()
+            .find(|v| from_a.contains(v))
+    }
+
+    /// Record a version, make it the working state and HEAD, clear redo, auto-retain.
+    pub fn record(&mut self, parents: Vec<u64>, message: String, vars: MVars) -> u64 {
+        let id = self.nodes.len() as u64;
+        self.nodes.push(Some(MNode {
+            parents,
+            message,
+            vars: vars.clone(),
+        }));
+        self.working = vars;
+        self.move_head(id);
+        self.redo.clear();
+        if let Some(n) = self.max_versions {
+            self.prune(Some(n), None, true);
+        }
+        id
+    }
+
+    /// Drop a version; its children take its parents in its place.
+    pub fn remove(&mut self, id: u64) {
+        let node = self.nodes[id as usize].take().unwrap();
+        for c in self.live() {
+            let cn = self.nodes[c as usize].as_mut().unwrap();
+            if !cn.parents.contains(&id) {
+                continue;
+            }
+            let mut parents = Vec::new();
+            for p in &cn.parents {
+                let replacement = if *p == id {
+                    node.parents.clone()
+                } else {
+                    vec![*p]
+                };
+                for q in replacement {
+                    if !parents.contains(&q) {
+                        parents.push(q);
+                    }
+                }
+            }
+            cn.parents = parents;
+        }
+        self.redo.retain(|r| *r != id);
+    }
+
+    pub fn prune(
+        &mut self,
+        last: Option<usize>,
+        every: Option<usize>,
+        unreachable: bool,
+    ) -> Vec<u64> {
+        // Always kept: HEAD, every ref's version, the redo path.
+        let mut roots: Vec<u64> = self.refs.values().map(|r| r.target().0).collect();
+        roots.extend(self.head_id());
+        roots.extend(self.redo.iter().copied());
+        let mut keep: BTreeSet<u64> = roots.iter().copied().collect();
+        let reachable: BTreeSet<u64> = roots.iter().flat_map(|r| self.ancestors(*r)).collect();
+        if let Some(n) = last {
+            let mut tips: Vec<u64> = self
+                .refs
+                .values()
+                .filter_map(|r| match r {
+                    Ref::Branch(v) => Some(v.0),
+                    Ref::Tag(_) => None,
+                })
+                .collect();
+            if let MHead::Detached(v) = self.head {
+                tips.push(v);
+            }
+            for tip in tips {
+                let mut cur = Some(tip);
+                for _ in 0..n {
+                    let Some(v) = cur else { break };
+                    keep.insert(v);
+                    cur = self.node(v).unwrap().parents.first().copied();
+                }
+            }
+        }
+        let dropped: Vec<u64> = self
+            .live()
+            .into_iter()
+            .filter(|id| !keep.contains(id))
+            .filter(|id| !every.is_some_and(|k| id % k as u64 == 0))
+            .filter(|id| last.is_some() || (unreachable && !reachable.contains(id)))
+            .collect();
+        for id in &dropped {
+            self.remove(*id);
+        }
+        dropped
+    }
+
+    pub fn check_ref_name(name: &str) -> MResult<()> {
+        if name.is_empty() || name == "HEAD" || name.chars().any(char::is_whitespace) {
+            Err(Error::InvalidRefName {
+                name: name.to_owned(),
+            })
+        } else {
+            Ok(())
+        }
+    }
+
+    pub fn new_ref(&mut self, name: &str, r: Ref) -> MResult<()> {
+        Self::check_ref_name(name)?;
+        if self.refs.contains_key(name) || self.head_branch() == Some(name) {
+            return Err(Error::RefExists {
+                name: name.to_owned(),
+            });
+        }
+        self.node(r.target().0)?;
+        self.refs.insert(name.to_owned(), r);
+        Ok(())
+    }
+
+    pub fn delete_ref(&mut self, name: &str, branch: bool) -> MResult<()> {
+        let is_branch = match self.refs.get(name) {
+            None => {
+                return Err(Error::UnknownRef {
+                    name: name.to_owned(),
+                })
+            }
+            Some(r) => matches!(r, Ref::Branch(_)),
+        };
+        if is_branch != branch {
+            return Err(Error::WrongRefKind {
+                name: name.to_owned(),
+                expected: if branch { "branch" } else { "tag" },
+            });
+        }
+        if self.head_branch() == Some(name) {
+            return Err(Error::BranchCheckedOut {
+                name: name.to_owned(),
+            });
+        }
+        self.refs.remove(name);
+        Ok(())
+    }
+
+    pub fn checkout(&mut self, name: &str) -> MResult<()> {
+        match self.refs.get(name) {
+            None => Err(Error::UnknownRef {
+                name: name.to_owned(),
+            }),
+            Some(Ref::Tag(_)) => Err(Error::WrongRefKind {
+                name: name.to_owned(),
+                expected: "branch",
+            }),
+            Some(Ref::Branch(v)) => {
+                self.working = self.node(v.0)?.vars.clone();
+                self.head = MHead::Branch(name.to_owned());
+                self.redo.clear();
+                Ok(())
+            }
+        }
+    }
+
+    pub fn restore(&mut self, id: u64) -> MResult<()> {
+        self.working = self.node(id)?.vars.clone();
+        self.move_head(id);
+        self.redo.clear();
+        Ok(())
+    }
+
+    pub fn undo(&mut self) -> MResult<u64> {
+        if self.dirty() {
+            return Err(Error::UncommittedChanges);
+        }
+        let head = self.head_id().ok_or(Error::NothingToUndo)?;
+        let parent = *self
+            .node(head)?
+            .parents
+            .first()
+            .ok_or(Error::NothingToUndo)?;
+        self.working = self.node(parent)?.vars.clone();
+        self.move_head(parent);
+        self.redo.push(head);
+        Ok(parent)
+    }
+
+    pub fn redo(&mut self) -> MResult<u64> {
+        if self.dirty() {
+            return Err(Error::UncommittedChanges);
+        }
+        let next = self.redo.pop().ok_or(Error::NothingToRedo)?;
+        self.working = self.node(next)?.vars.clone();
+        self.move_head(next);
+        Ok(next)
+    }
+
+    /// Three-way merge of one variable against the base, chunk by chunk.
+    pub fn merge_var(
+        name: &str,
+        ours: Option<&Arr>,
+        theirs: Option<&Arr>,
+        base: Option<&Arr>,
+        strategy: MergeStrategy,
+        conflicts: &mut Vec<Conflict>,
+    ) -> Option<Arr> {
+        if opt_same(ours, theirs) || opt_same(theirs, base) {
+            return ours.cloned();
+        }
+        if opt_same(ours, base) {
+            return theirs.cloned();
+        }
+        let whole = |conflicts: &mut Vec<Conflict>| {
+            conflicts.push(Conflict {
+                variable: name.to_owned(),
+                chunks: None,
+            })
+        };
+        // Both sides changed the variable: present on both sides with one layout, or a
+        // conflict of the whole variable.
+        let (o, t) = match (ours, theirs) {
+            (Some(o), Some(t)) if o.shape == t.shape => (o, t),
+            _ => {
+                return match strategy {
+                    MergeStrategy::Ours => ours.cloned(),
+                    MergeStrategy::Theirs => theirs.cloned(),
+                    _ => {
+                        whole(conflicts);
+                        ours.cloned()
+                    }
+                }
+            }
+        };
+        let Some(b) = base.filter(|b| b.shape == o.shape) else {
+            return Some(match strategy {
+                MergeStrategy::Ours => o.clone(),
+                MergeStrategy::Theirs => t.clone(),
+                MergeStrategy::Mean => mean_arr(&[o, t], &[1.0, 1.0]),
+                _ => {
+                    whole(conflicts);
+                    o.clone()
+                }
+            });
+        };
+        let mut clashing = Vec::new();
+        let chunks: Vec<Vec<f32>> = (0..o.num_chunks())
+            .map(|i| {
+                let (co, ct, cb) = (o.chunk(i), t.chunk(i), b.chunk(i));
+                if bits_eq(co, ct) || bits_eq(ct, cb) {
+                    co.to_vec()
+                } else if bits_eq(co, cb) {
+                    ct.to_vec()
+                } else {
+                    match strategy {
+                        MergeStrategy::Ours => co.to_vec(),
+                        MergeStrategy::Theirs => ct.to_vec(),
+                        MergeStrategy::Mean => mean_of(&[co, ct], &[1.0, 1.0]),
+                        _ => {
+                            clashing.push(i);
+                            co.to_vec()
+                        }
+                    }
+                }
+            })
+            .collect();
+        if !clashing.is_empty() {
+            conflicts.push(Conflict {
+                variable: name.to_owned(),
+                chunks: Some(clashing),
+            });
+        }
+        Some(o.with_chunks(&chunks))
+    }
+
+    pub fn merge(&mut self, other: u64, strategy: MergeStrategy) -> MResult<u64> {
+        let head = self.head_id().ok_or(Error::NoCommits)?;
+        let theirs = self.node(other)?.vars.clone();
+        if other == head {
+            return Err(invalid_arg());
+        }
+        if self.dirty() {
+            return Err(Error::UncommittedChanges);
+        }
+        let ours = self.node(head)?.vars.clone();
+        let base = match self.merge_base(head, other) {
+            Some(b) => self.node(b)?.vars.clone(),
+            None => MVars::new(),
+        };
+        let names: BTreeSet<&String> = ours.keys().chain(theirs.keys()).collect();
+        let mut merged = MVars::new();
+        let mut conflicts = Vec::new();
+        for name in names {
+            let v = Self::merge_var(
+                name,
+                ours.get(name),
+                theirs.get(name),
+                base.get(name),
+                strategy,
+                &mut conflicts,
+            );
+            if let Some(v) = v {
+                merged.insert(name.clone(), v);
+            }
+        }
+        if !conflicts.is_empty() {
+            return Err(Error::MergeConflict { conflicts });
+        }
+        let message = format!("merge v{other} into v{head}");
+        Ok(self.record(vec![head, other], message, merged))
+    }
+
+    pub fn average(&mut self, ids: &[u64], weights: Option<&[f64]>) -> MResult<u64> {
+        if ids.is_empty() {
+            return Err(invalid_arg());
+        }
+        let weights: Vec<f64> = match weights {
+            None => vec![1.0; ids.len()],
+            Some(w) if w.len() != ids.len() => return Err(invalid_arg()),
+            Some(w) => w.to_vec(),
+        };
+        if weights.iter().any(|w| *w < 0.0) || weights.iter().sum::<f64>() <= 0.0 {
+            return Err(invalid_arg());
+        }
+        let versions: Vec<MVars> = ids
+            .iter()
+            .map(|id| self.node(*id).map(|n| n.vars.clone()))
+            .collect::<MResult<_>>()?;
+        if self.dirty() {
+            return Err(Error::UncommittedChanges);
+        }
+        let mut out = MVars::new();
+        for (name, first) in &versions[0] {
+            let mut parts = Vec::new();
+            for v in &versions {
+                let t = v.get(name).ok_or_else(|| var_unknown(name))?;
+                if t.shape != first.shape {
+                    return Err(Error::ShapeMismatch {
+                        name: name.clone(),
+                        expected: first.shape.clone(),
+                        found: t.shape.clone(),
+                    });
+                }
+                parts.push(t);
+            }
+            out.insert(name.clone(), mean_arr(&parts, &weights));
+        }
+        let mut parents: Vec<u64> = self.head_id().into_iter().collect();
+        for id in ids {
+            if !parents.contains(id) {
+                parents.push(*id);
+            }
+        }
+        let list: Vec<String> = ids.iter().map(|i| format!("v{i}")).collect();
+        let message = format!("average of {}", list.join(", "));
+        Ok(self.record(parents, message, out))
+    }
+}
