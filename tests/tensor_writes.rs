@@ -8,7 +8,7 @@ use std::collections::BTreeSet;
 use std::ops::Range;
 
 use common::{ramp, small_store, BOUNDARY_SHAPES};
-use ndarray::{ArrayD, IxDyn, Slice};
+use ndarray::{Array1, Array2, ArrayD, Axis, IxDyn, Slice};
 use proptest::prelude::*;
 use tensor_history::{Element, Store, Tensor, VersionId};
 
@@ -457,6 +457,101 @@ fn writes_after_a_commit_leave_the_committed_version_intact() {
             "shape {shape:?}"
         );
         store.verify().unwrap();
+    }
+}
+
+#[test]
+fn writes_from_reversed_axes_with_negative_strides_store_logical_values() {
+    for shape in BOUNDARY_SHAPES {
+        let (mut store, _, _, _) = committed(shape);
+        let b = ramp(shape, 40.0);
+        // Hold `b` reversed along every axis, then view it reversed again: negative strides.
+        let mut held = b.clone();
+        for ax in 0..held.ndim() {
+            held.invert_axis(Axis(ax));
+        }
+        let mut view = held.view();
+        for ax in 0..view.ndim() {
+            view.invert_axis(Axis(ax));
+        }
+        assert_eq!(view, b);
+        store.write("x", &view).unwrap();
+        assert_eq!(store.get::<f32>("x").unwrap(), b, "shape {shape:?}");
+        store.zip_update("x", &view, |w, g| w - g).unwrap();
+        assert!(store.get::<f32>("x").unwrap().iter().all(|&v| v == 0.0));
+        store.verify().unwrap();
+    }
+}
+
+#[test]
+fn fixed_dimension_arrays_are_accepted_by_every_write() {
+    let mut store = small_store();
+    let a: Array2<f32> = Array2::from_shape_fn((6, 5), |(i, j)| (i * 5 + j) as f32);
+    store.insert("m", &a).unwrap();
+    store.commit("c").unwrap();
+    let t = a.t().to_owned();
+    store.write("m", &t.t()).unwrap();
+    assert!(!store.is_dirty());
+    store.zip_update("m", &a.view(), |w, g| w + g).unwrap();
+    assert_eq!(store.get::<f32>("m").unwrap(), (&a * 2.0).into_dyn());
+    let row: Array1<f32> = Array1::zeros(5);
+    let err = store.write("m", &row).unwrap_err();
+    assert!(matches!(err, tensor_history::Error::ShapeMismatch { .. }));
+    let mut out = Array2::<f32>::zeros((5, 6));
+    let mut out_t = out.view_mut().reversed_axes();
+    store.tensor("m").unwrap().copy_into(&mut out_t).unwrap();
+    assert_eq!(out.t(), &a * 2.0);
+}
+
+#[test]
+fn large_tensors_with_many_chunks_match_the_model_through_parallel_paths() {
+    // Hundreds of chunks, so the parallel compare, copy and fused paths split work.
+    for shape in [&[4000usize][..], &[300, 37], &[500, 7], &[20, 10, 9]] {
+        let (mut store, a, v, base) = committed(shape);
+        let len = len_of(shape);
+        let ce = base.chunk_elems();
+        let mut want = flat(&a);
+        let picks = [0, 1, ce, len / 2, len - ce, len - 1];
+        for &k in &picks {
+            want[k] = -1.0;
+        }
+        let b = ArrayD::from_shape_vec(IxDyn(shape), want.clone()).unwrap();
+        let stats = store.write("x", &transposed_copy(&b)).unwrap();
+        let dirty = chunks_of(picks, ce);
+        assert_eq!(stats.chunks_changed, dirty.len(), "shape {shape:?}");
+        assert_eq!(unshared(store.tensor("x").unwrap(), &base), dirty);
+        store.verify().unwrap();
+
+        // Delta write-back of those chunks only, into a framework-owned buffer holding `a`.
+        let mut framework = a.clone();
+        let now = store.tensor("x").unwrap().clone();
+        let back = now.copy_changed_into(&mut framework, &base).unwrap();
+        assert_eq!(back.chunks_changed, dirty.len());
+        assert_eq!(framework, b);
+        let mut undo = b.clone();
+        base.copy_changed_into(&mut undo, &now).unwrap();
+        assert_eq!(undo, a);
+
+        store.update_map::<f32>("x", |x| x * 2.0).unwrap();
+        want.iter_mut().for_each(|x| *x *= 2.0);
+        let g = ramp(shape, 1.0);
+        store
+            .zip_update("x", &transposed_copy(&g), |w, g| w + g)
+            .unwrap();
+        for (w, g) in want.iter_mut().zip(g.iter()) {
+            *w += g;
+        }
+        assert_eq!(
+            flat(&store.get::<f32>("x").unwrap()),
+            want,
+            "shape {shape:?}"
+        );
+        let mut out = ArrayD::from_elem(IxDyn(shape), 0.0f32);
+        store.tensor("x").unwrap().copy_into(&mut out).unwrap();
+        assert_eq!(flat(&out), want);
+        store.verify().unwrap();
+        store.restore(v).unwrap();
+        assert!(store.tensor("x").unwrap().ptr_eq(&base));
     }
 }
 
