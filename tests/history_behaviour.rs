@@ -223,7 +223,7 @@ fn diff_reports_added_removed_changed_and_unchanged_variables() {
         diff.get("w"),
         Some(&VarDiff::Changed(TensorDiff {
             chunks: vec![0, 1, 2],
-            elements: vec![0..40],
+            elements: std::iter::once(0..40).collect(),
             bytes: 160,
             layout_changed: false,
         }))
