@@ -55,8 +55,8 @@ pub enum Error {
         /// The number of elements in the tensor.
         len: usize,
     },
-    /// The tensor's chunks do not hold whole rows (a row is larger than a chunk), so it has
-    /// no row blocks.
+    /// The tensor's chunks do not hold whole rows (a row is larger than a chunk, the rows
+    /// have zero elements, or the tensor is a scalar), so it has no row blocks.
     #[error("chunks of this tensor do not hold whole rows (rows of {row_bytes} bytes)")]
     NotRowAligned {
         /// Bytes in one row of the outermost axis.

@@ -215,7 +215,8 @@ impl Tensor {
     /// # Errors
     ///
     /// [`Error::DTypeMismatch`] if `T` is not the tensor's dtype; [`Error::NotRowAligned`]
-    /// if a row does not fit in a chunk (or the tensor is a scalar).
+    /// if a row does not fit in a chunk, rows have zero elements, or the tensor is a
+    /// scalar.
     pub fn row_blocks<T: Element>(
         &self,
     ) -> Result<impl Iterator<Item = (Range<usize>, ArrayViewD<'_, T>)> + '_> {
