@@ -22,8 +22,9 @@ pub enum MergeStrategy {
     Ours,
     /// Take the other side of every conflict.
     Theirs,
-    /// Take the elementwise mean of the two sides (float dtypes only). A variable removed
-    /// on one side and changed on the other still conflicts.
+    /// Take the elementwise mean of the two sides, `0.5·a + 0.5·b` computed in `f64` and
+    /// rounded once (float dtypes only). A variable removed on one side and changed on the
+    /// other still conflicts.
     Mean,
 }
 
@@ -52,18 +53,21 @@ macro_rules! with_float {
     };
 }
 
-/// Weighted mean of chunks of one float type, computed in `f64` and rounded once.
+/// Weighted mean of chunks of one float type: `Σ (w_i / Σw) · x_i` in `f64`, rounded once
+/// to `T`. Normalizing the weights first keeps the sum finite for any finite inputs
+/// (`(a + b) / 2` would overflow for `f64` values above half of `f64::MAX`).
 fn mean_chunk<T: Element>(parts: &[&Chunk], weights: &[f64], alloc: &Alloc) -> Chunk {
     let total: f64 = weights.iter().sum();
+    let norm: Vec<f64> = weights.iter().map(|w| w / total).collect();
     let slices: Vec<&[T]> = parts.iter().map(|c| c.as_slice::<T>()).collect();
     alloc.chunk_typed::<T>(slices[0].len(), |out| {
         for (j, o) in out.iter_mut().enumerate() {
             let s: f64 = slices
                 .iter()
-                .zip(weights)
+                .zip(&norm)
                 .map(|(x, w)| x[j].to_f64() * w)
                 .sum();
-            *o = T::from_f64(s / total);
+            *o = T::from_f64(s);
         }
     })
 }
@@ -256,7 +260,8 @@ impl Store {
     }
 
     /// Record a version whose float variables are the weighted mean of the same variables
-    /// in `ids` (a model soup); `weights` default to equal. Every version must hold the
+    /// in `ids` (a model soup): `Σ (w_i / Σw) · x_i` computed in `f64` and rounded once;
+    /// `weights` default to equal. Every version must hold the
     /// variables of the first with the same dtype and shape; integer variables must be
     /// equal in all of them. The new version's parents are HEAD and the `ids` (without
     /// repeats); it becomes the working state and HEAD moves there. Chunks equal in every

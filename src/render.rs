@@ -65,24 +65,15 @@ impl Store {
                     }
                 },
             };
-            // Lanes that also waited for this version join it (a fork point).
+            // Lanes that also waited for this version join it (a fork point): `|/`.
             if mine.len() > 1 {
                 for &j in &mine[1..] {
                     lanes[j] = None;
                 }
-                let mut line = String::new();
-                for (i, lane) in lanes.iter().enumerate() {
-                    let mark = if mine[1..].contains(&i) {
-                        '/'
-                    } else if lane.is_some() {
-                        '|'
-                    } else {
-                        ' '
-                    };
-                    line.push(mark);
-                    line.push(' ');
+                let _ = writeln!(out, "{}", connector(&lanes, &mine[1..], '/'));
+                while lanes.last() == Some(&None) {
+                    lanes.pop();
                 }
-                let _ = writeln!(out, "{}", line.trim_end());
             }
             let mut line = String::new();
             for (i, lane) in lanes.iter().enumerate() {
@@ -119,19 +110,7 @@ impl Store {
                 opened.push(slot);
             }
             if !opened.is_empty() {
-                let mut line = String::new();
-                for (i, lane) in lanes.iter().enumerate() {
-                    let mark = if opened.contains(&i) {
-                        '\\'
-                    } else if lane.is_some() {
-                        '|'
-                    } else {
-                        ' '
-                    };
-                    line.push(mark);
-                    line.push(' ');
-                }
-                let _ = writeln!(out, "{}", line.trim_end());
+                let _ = writeln!(out, "{}", connector(&lanes, &opened, '\\'));
             }
             while lanes.last() == Some(&None) {
                 lanes.pop();
@@ -180,6 +159,22 @@ impl Store {
         out.push_str("}\n");
         out
     }
+}
+
+/// A line between two rows of the graph: `|` for each live lane, and `mark` (`\\` for a
+/// lane a merge opens, `/` for a lane that joins at a fork) just left of each lane in
+/// `moving`, as `git log --graph` draws them.
+fn connector(lanes: &[Option<VersionId>], moving: &[usize], mark: char) -> String {
+    let mut line: Vec<char> = vec![' '; lanes.len() * 2 + 2];
+    for (i, lane) in lanes.iter().enumerate() {
+        if lane.is_some() && !moving.contains(&i) {
+            line[2 * i] = '|';
+        }
+    }
+    for &j in moving {
+        line[(2 * j).saturating_sub(1)] = mark;
+    }
+    line.into_iter().collect::<String>().trim_end().to_owned()
 }
 
 fn escape(s: &str) -> String {

@@ -367,8 +367,9 @@ impl Tensor {
     }
 
     /// The content hash: a BLAKE3 Merkle root over dtype, shape and the chunk hashes.
-    /// Tensors with equal dtype, shape and bytes (and the same chunk size) have equal
-    /// hashes whatever their history.
+    /// Tensors with equal dtype, shape and bytes have equal hashes whatever their history,
+    /// as long as they are cut into chunks of the same size (the chunk layout is part of
+    /// the hash: the same values in stores with different `chunk_bytes` hash differently).
     ///
     /// O(size) the first time (chunk hashes computed in parallel, then cached),
     /// O(chunks) after.

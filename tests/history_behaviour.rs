@@ -624,11 +624,11 @@ fn log_graph_draws_a_fork_and_a_merge() {
         store.log_graph(),
         "* v4 (HEAD -> main) after merge\n\
          * v3 merge v2 into v1\n\
-         | \\\n\
+         |\\\n\
          | * v2 (exp, tag: good) exp 1\n\
          * | v1 main 1\n\
-         | /\n\
-         *   v0 init\n"
+         |/\n\
+         * v0 init\n"
     );
     store.detach();
     assert!(store
@@ -713,4 +713,23 @@ fn content_hash_is_equal_for_equal_contents_whatever_the_history() {
     renamed.insert("v", &ramp(&[40], 0.0)).unwrap();
     let r = renamed.commit("init").unwrap();
     assert_ne!(renamed.snapshot(r).unwrap().content_hash(), hash(v0));
+}
+
+#[test]
+fn mean_merge_of_huge_f64_values_stays_finite() {
+    let mut store = tensor_history::Store::new();
+    store.insert("x", &ndarray::array![0.0f64, 0.0]).unwrap();
+    let base = store.commit("base").unwrap();
+    store.update::<f64>("x", |_, xs| xs[0] = 1.5e308).unwrap();
+    store.commit("ours").unwrap();
+    store.branch("theirs", base).unwrap();
+    store.checkout("theirs").unwrap();
+    store.update::<f64>("x", |_, xs| xs[0] = 1.7e308).unwrap();
+    let theirs = store.commit("theirs").unwrap();
+    store.checkout("main").unwrap();
+    store.merge(theirs, MergeStrategy::Mean).unwrap();
+    let x = store.get::<f64>("x").unwrap();
+    assert!(x[0].is_finite(), "mean overflowed: {}", x[0]);
+    assert_eq!(x[0], 0.5 * 1.5e308 + 0.5 * 1.7e308);
+    store.verify().unwrap();
 }

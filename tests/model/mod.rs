@@ -137,7 +137,7 @@ pub fn diff_model(a: &MVars, b: &MVars) -> Diff {
     Diff { vars }
 }
 
-/// Weighted mean of equal-length slices, in `f64`, rounded once.
+/// Weighted mean of equal-length slices, `Σ (w_i / Σw) · x_i` in `f64`, rounded once.
 pub fn mean_of(parts: &[&[f32]], weights: &[f64]) -> Vec<f32> {
     let total: f64 = weights.iter().sum();
     (0..parts[0].len())
@@ -145,9 +145,9 @@ pub fn mean_of(parts: &[&[f32]], weights: &[f64]) -> Vec<f32> {
             let s: f64 = parts
                 .iter()
                 .zip(weights)
-                .map(|(x, w)| f64::from(x[j]) * w)
+                .map(|(x, w)| f64::from(x[j]) * (w / total))
                 .sum();
-            (s / total) as f32
+            s as f32
         })
         .collect()
 }
