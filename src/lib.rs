@@ -84,6 +84,8 @@
 //!
 //! Every fallible call returns [`Error`]; a call that fails changes nothing.
 
+// `unsafe` lives in one module only (`kernels::stream`, streaming stores for fused
+// updates, a measured win), with a `// SAFETY:` comment on every block.
 #![deny(unsafe_code)]
 #![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
 
