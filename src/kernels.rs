@@ -3,11 +3,11 @@
 //! so that copy-on-write, the update and the "did anything change" test are one pass
 //! over memory.
 //!
-//! With [`Stores::Streaming`] the new values are computed block by block into a small
-//! buffer that stays in L1 and then written with non-temporal (streaming) stores, which
-//! do not read the destination's cache lines first: a quarter less memory traffic when the
-//! data is larger than the last-level cache, and slower when it is not (the store decides
-//! by the working state's size, see `Config::stream_threshold_bytes`).
+//! New values are computed block by block into a small buffer that stays in L1 and then
+//! stored. With [`Stores::Streaming`] the stores are non-temporal: they do not read the
+//! destination's cache lines first, a quarter less memory traffic when the data is larger
+//! than the last-level cache, and slower when it is not (the store decides by the working
+//! state's size, see `Config::stream_threshold_bytes`).
 
 use std::ops::Range;
 
@@ -18,15 +18,21 @@ use crate::element::Element;
 pub(crate) enum Stores {
     /// Ordinary stores.
     Normal,
-    /// Non-temporal stores through an L1-sized block buffer (x86_64; elsewhere ordinary).
+    /// Non-temporal stores (x86_64; elsewhere ordinary).
     Streaming,
 }
 
-/// Bytes computed per block before streaming them out. Measured on the benchmark machine
-/// (AMD EPYC, AVX-512): 2 KiB blocks with 16-byte streaming stores ran the dense update at
-/// 0.78x of an in-place update, 16 KiB blocks at 0.50x, AVX-512 blocks with 64-byte
-/// streaming stores at 0.63x, ordinary stores at 0.68x.
+/// Bytes computed per block before they are streamed to the destination. Measured on the
+/// benchmark machine (AMD EPYC, 2 cores): with 2 KiB blocks and 16-byte streaming stores
+/// the dense update ran at 0.78x of an in-place update, 16 KiB blocks at 0.50x, AVX-512
+/// blocks with 64-byte streaming stores at 0.63x, ordinary stores at 0.68x.
 const BLOCK_BYTES: usize = 2048;
+
+// The loops below are `#[inline(never)]` on purpose: as functions of their own, their
+// `&mut [T]` argument is known not to alias anything the closure captured by reference
+// (say `lr` in `|w, g| w - lr * g`), so the compiler hoists those loads and vectorizes.
+// Inlined into their callers they ran such a closure 3x slower (measured), and a copy
+// through a stack block, the other cure, halved the speed on data that fits in cache.
 
 /// `dst[i] = f(src[i])`; returns whether any bit changed.
 #[inline]
@@ -72,7 +78,24 @@ pub(crate) fn zip_into<T: Element>(
     }
 }
 
-#[inline(always)]
+/// `buf[i] = f(buf[i])` in place.
+#[inline(never)]
+pub(crate) fn map_in_place<T: Element>(buf: &mut [T], f: &impl Fn(T) -> T) {
+    for x in buf.iter_mut() {
+        *x = f(*x);
+    }
+}
+
+/// `buf[i] = f(buf[i], other[i])` in place.
+#[inline(never)]
+pub(crate) fn zip_in_place<T: Element>(buf: &mut [T], other: &[T], f: &impl Fn(T, T) -> T) {
+    debug_assert_eq!(buf.len(), other.len(), "zip_in_place: lengths differ");
+    for (x, &o) in buf.iter_mut().zip(other) {
+        *x = f(*x, o);
+    }
+}
+
+#[inline(never)]
 fn map_block<T: Element>(src: &[T], dst: &mut [T], f: &impl Fn(T) -> T) -> bool {
     let mut acc = T::Bits::default();
     for (d, &s) in dst.iter_mut().zip(src) {
@@ -83,7 +106,7 @@ fn map_block<T: Element>(src: &[T], dst: &mut [T], f: &impl Fn(T) -> T) -> bool 
     acc != T::Bits::default()
 }
 
-#[inline(always)]
+#[inline(never)]
 fn zip_block<T: Element>(src: &[T], other: &[T], dst: &mut [T], f: &impl Fn(T, T) -> T) -> bool {
     let mut acc = T::Bits::default();
     for ((d, &s), &o) in dst.iter_mut().zip(src).zip(other) {
@@ -95,20 +118,11 @@ fn zip_block<T: Element>(src: &[T], other: &[T], dst: &mut [T], f: &impl Fn(T, T
 }
 
 /// Fill `dst` block by block: `compute(range, block)` writes the new values of
-/// `dst[range]` into an L1-resident block, which is then streamed out.
+/// `dst[range]` into an L1-resident stack block, which is then streamed out.
 #[inline]
 fn streamed<T: Element>(
     dst: &mut [T],
-    compute: impl FnMut(Range<usize>, &mut [T]) -> bool,
-) -> bool {
-    streamed_with(dst, compute, stream::copy)
-}
-
-#[inline(always)]
-fn streamed_with<T: Element>(
-    dst: &mut [T],
     mut compute: impl FnMut(Range<usize>, &mut [T]) -> bool,
-    copy: impl Fn(&mut [u8], &[u8]),
 ) -> bool {
     let mut tmp = [0u64; BLOCK_BYTES / 8];
     let per = BLOCK_BYTES / std::mem::size_of::<T>();
@@ -118,7 +132,7 @@ fn streamed_with<T: Element>(
         let end = (start + per).min(dst.len());
         let block: &mut [T] = &mut bytemuck::cast_slice_mut(&mut tmp[..])[..end - start];
         changed |= compute(start..end, block);
-        copy(
+        stream::copy(
             bytemuck::cast_slice_mut(&mut dst[start..end]),
             bytemuck::cast_slice(block),
         );
@@ -126,23 +140,6 @@ fn streamed_with<T: Element>(
     }
     stream::fence();
     changed
-}
-
-/// `buf[i] = f(buf[i])` in place.
-#[inline]
-pub(crate) fn map_in_place<T: Element>(buf: &mut [T], f: &impl Fn(T) -> T) {
-    for x in buf.iter_mut() {
-        *x = f(*x);
-    }
-}
-
-/// `buf[i] = f(buf[i], other[i])` in place.
-#[inline]
-pub(crate) fn zip_in_place<T: Element>(buf: &mut [T], other: &[T], f: &impl Fn(T, T) -> T) {
-    debug_assert_eq!(buf.len(), other.len(), "zip_in_place: lengths differ");
-    for (x, &o) in buf.iter_mut().zip(other) {
-        *x = f(*x, o);
-    }
 }
 
 #[cfg(target_arch = "x86_64")]
