@@ -90,8 +90,30 @@ impl Store {
         S: Data<Elem = T>,
         D: Dimension,
     {
+        self.insert_chunked(name, array, self.config.chunk_bytes)
+    }
+
+    /// Like [`insert`](Store::insert), with a chunk size for this variable instead of the
+    /// store's [`Config::chunk_bytes`]: smaller chunks suit tensors updated a few rows at a
+    /// time (an embedding table), since every write copies whole chunks. O(size).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::VariableExists`]; [`Error::InvalidConfig`] if `chunk_bytes` is smaller
+    /// than one element of `T`.
+    pub fn insert_chunked<T, S, D>(
+        &mut self,
+        name: &str,
+        array: &ArrayBase<S, D>,
+        chunk_bytes: usize,
+    ) -> Result<()>
+    where
+        T: Element,
+        S: Data<Elem = T>,
+        D: Dimension,
+    {
         self.check_free(name)?;
-        let t = Tensor::from_array_in(array, self.config.chunk_bytes, &self.alloc)?;
+        let t = Tensor::from_array_in(array, chunk_bytes, &self.alloc)?;
         self.working.insert(name.to_owned(), t);
         Ok(())
     }

@@ -672,3 +672,34 @@ fn narrow_dtypes_fit_more_elements_per_chunk() {
     assert_eq!(store.tensor("wide").unwrap().chunk_elems(), CHUNK_BYTES / 8);
     assert_eq!(CHUNK_F32 * 4, CHUNK_BYTES);
 }
+
+#[test]
+fn insert_chunked_uses_its_own_chunk_size_and_shares_like_any_variable() {
+    let mut store = common::small_store();
+    let table = common::ramp(&[40, 8], 1.0); // rows of 32 bytes
+    store.insert_chunked("emb", &table, 96).unwrap(); // 3 rows per chunk
+    store.insert("w", &table).unwrap(); // the store's 64 bytes: 2 rows per chunk
+    assert_eq!(store.tensor("emb").unwrap().rows_per_chunk(), Some(3));
+    assert_eq!(store.tensor("emb").unwrap().num_chunks(), 14);
+    assert_eq!(store.tensor("w").unwrap().rows_per_chunk(), Some(2));
+    let v = store.commit("init").unwrap();
+    store
+        .update_range::<f32>("emb", 8 * 7..8 * 8, |_, xs| xs.fill(0.0))
+        .unwrap();
+    let before = store.snapshot(v).unwrap();
+    let now = store.tensor("emb").unwrap();
+    assert_eq!(now.shared_chunks(before.tensor("emb").unwrap()), 13);
+    assert_eq!(store.get::<f32>("emb").unwrap()[[7, 3]], 0.0);
+    store.verify().unwrap();
+}
+
+#[test]
+fn insert_chunked_with_a_chunk_smaller_than_an_element_is_an_error_that_changes_nothing() {
+    let mut store = common::small_store();
+    let err = store
+        .insert_chunked("x", &ndarray::array![1.0f64, 2.0], 4)
+        .unwrap_err();
+    assert!(matches!(err, tensor_history::Error::InvalidConfig { .. }));
+    assert!(!store.contains("x"));
+    assert!(!store.is_dirty());
+}
