@@ -89,6 +89,11 @@
 #![deny(unsafe_code)]
 #![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
 
+/// The README's code blocks run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
+
 mod chunk;
 mod config;
 mod diff;

@@ -192,7 +192,7 @@ impl Tensor {
     pub fn rows_per_chunk(&self) -> Option<usize> {
         let (_, rest) = self.shape.split_first()?;
         let row: usize = rest.iter().product();
-        (row > 0 && self.chunk_elems % row == 0).then(|| self.chunk_elems / row)
+        (row > 0 && self.chunk_elems.is_multiple_of(row)).then(|| self.chunk_elems / row)
     }
 
     /// Chunk `i`, if it exists. O(log chunks).

@@ -241,7 +241,7 @@ fn pick_tip(raw: usize, model: &Model) -> u64 {
         .into_iter()
         .filter(|v| !ancestors.contains(v))
         .collect();
-    if raw % 2 == 0 {
+    if raw.is_multiple_of(2) {
         let only_tips: Vec<u64> = tips
             .iter()
             .copied()

@@ -379,7 +379,7 @@ impl Model {
             .live()
             .into_iter()
             .filter(|id| !keep.contains(id))
-            .filter(|id| !every.is_some_and(|k| id % k as u64 == 0))
+            .filter(|id| every.is_none_or(|k| id % k as u64 != 0))
             .filter(|id| last.is_some() || (unreachable && !reachable.contains(id)))
             .collect();
         for id in &dropped {
