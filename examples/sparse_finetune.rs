@@ -2,6 +2,10 @@
 //! and commits. A version then costs the chunks those rows live in, not the table; a
 //! deep copy per version costs the whole table every time.
 //!
+//! The store keeps its default configuration (256 KiB chunks, which suit dense
+//! updates); the table alone gets small chunks with [`Store::insert_chunked`], since a
+//! row update copies its whole chunk.
+//!
 //! ```text
 //! cargo run --release --example sparse_finetune -- --rows 1000000 --touch 256 --steps 20
 //! ```
@@ -14,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use common::{Flags, SplitMix64};
 use ndarray::{s, Array2};
-use tensor_history::{Config, Store};
+use tensor_history::{Store, DEFAULT_CHUNK_BYTES};
 
 const USAGE: &str = "usage: sparse_finetune [--rows N] [--touch N] [--steps N] [--chunk-kib N] \
                      [--seed N]";
@@ -31,7 +35,8 @@ pub struct Opts {
     pub touch: usize,
     /// Steps (one commit each).
     pub steps: usize,
-    /// The store's chunk size in KiB: small chunks suit sparse row updates.
+    /// The table's chunk size in KiB (`Store::insert_chunked`): small chunks suit sparse
+    /// row updates. The store's other variables would use its default chunk size.
     pub chunk_kib: usize,
     pub seed: u64,
 }
@@ -81,6 +86,10 @@ pub struct Step {
     pub store_commit: Duration,
     /// `stats().unique_bytes` after the commit minus before the step.
     pub store_new_bytes: usize,
+    /// What the step would newly hold had the table been inserted with the store's
+    /// default chunk size: the bytes of the default-size chunks its rows fall in
+    /// (computed, not measured).
+    pub default_chunk_new_bytes: usize,
     /// Writing the same rows into a plain array, in place.
     pub deep_update: Duration,
     /// Cloning the whole table (the deep-copy snapshot).
@@ -93,7 +102,10 @@ pub struct Step {
 pub struct Report {
     pub opts: Opts,
     pub table_bytes: usize,
+    /// Bytes per chunk of the table (`insert_chunked`).
     pub chunk_bytes: usize,
+    /// The store's default chunk size (`config().chunk_bytes`), used by `insert`.
+    pub store_chunk_bytes: usize,
     pub steps: Vec<Step>,
     /// `stats().unique_bytes` at the end (all versions and the working state).
     pub store_total: usize,
@@ -102,17 +114,28 @@ pub struct Report {
     pub equal: bool,
 }
 
+/// Bytes of the chunks that rows `ids` (sorted) fall in, for a table of `rows` rows cut
+/// into chunks of `rows_per_chunk` rows (the last chunk may be shorter).
+fn bytes_of_chunks_touched(ids: &[usize], rows: usize, rows_per_chunk: usize) -> usize {
+    let mut chunks: Vec<usize> = ids.iter().map(|r| r / rows_per_chunk).collect();
+    chunks.dedup();
+    chunks
+        .iter()
+        .map(|c| (rows - c * rows_per_chunk).min(rows_per_chunk) * DIM * 4)
+        .sum()
+}
+
 /// Build the table, then run the steps against the store and a plain array side by side.
 pub fn run(opts: &Opts) -> common::Result<Report> {
     let mut rng = SplitMix64::new(opts.seed);
     let mut table = Array2::from_shape_simple_fn((opts.rows, DIM), || 0.1 * rng.normal());
-    let chunk_bytes = opts.chunk_kib * 1024;
-    let mut store = Store::with_config(Config {
-        chunk_bytes,
-        ..Config::default()
-    })?;
-    store.insert("embedding", &table)?;
+    // Default configuration; small chunks for the table only.
+    let mut store = Store::new();
+    store.insert_chunked("embedding", &table, opts.chunk_kib * 1024)?;
     store.commit("pretrained table")?;
+    let chunk_bytes = store.tensor("embedding")?.chunk_elems() * 4;
+    // Rows per chunk had the table been inserted with `insert` (the default size).
+    let default_rows = (DEFAULT_CHUNK_BYTES / (DIM * 4)).max(1);
 
     let lr = 0.1f32;
     let mut steps = Vec::new();
@@ -126,6 +149,7 @@ pub fn run(opts: &Opts) -> common::Result<Report> {
 
         let mut m = Step {
             rows: ids.len(),
+            default_chunk_new_bytes: bytes_of_chunks_touched(&ids, opts.rows, default_rows),
             ..Step::default()
         };
         let start = Instant::now();
@@ -166,6 +190,7 @@ pub fn run(opts: &Opts) -> common::Result<Report> {
         opts: opts.clone(),
         table_bytes: opts.rows * DIM * 4,
         chunk_bytes,
+        store_chunk_bytes: store.config().chunk_bytes,
         steps,
         store_total: stats.unique_bytes,
         versions: stats.versions,
@@ -182,12 +207,18 @@ impl fmt::Display for Report {
         let o = &self.opts;
         writeln!(
             f,
-            "embedding table {} x {DIM} f32 = {}, chunks of {} ({} rows); {} rows touched per step\n",
+            "embedding table {} x {DIM} f32 = {}; {} rows touched per step",
             o.rows,
             common::human(self.table_bytes),
+            o.touch
+        )?;
+        writeln!(
+            f,
+            "store: default config ({} chunks); the table inserted with insert_chunked,\n\
+             chunks of {} ({} rows)\n",
+            common::human(self.store_chunk_bytes),
             common::human(self.chunk_bytes),
             (self.chunk_bytes / (DIM * 4)).max(1),
-            o.touch
         )?;
         writeln!(
             f,
@@ -222,6 +253,7 @@ impl fmt::Display for Report {
         let store_time = avg(&|m| (m.store_update + m.store_commit).as_secs_f64());
         let deep_time = avg(&|m| (m.deep_update + m.deep_clone).as_secs_f64());
         let store_bytes = avg(&|m| m.store_new_bytes as f64);
+        let default_bytes = avg(&|m| m.default_chunk_new_bytes as f64);
         let deep_bytes = avg(&|m| m.deep_new_bytes as f64);
         writeln!(f, "\nper step, mean over {} steps:", self.steps.len())?;
         writeln!(
@@ -241,6 +273,13 @@ impl fmt::Display for Report {
             "  => {:.0}x less time, {:.0}x less memory per version",
             deep_time / store_time.max(1e-9),
             deep_bytes / store_bytes.max(1.0)
+        )?;
+        writeln!(
+            f,
+            "  with the default {} chunks (plain insert) a version would newly hold {}\n  \
+             (computed from the rows touched: the chunks they fall in)",
+            common::human(self.store_chunk_bytes),
+            common::human(default_bytes as usize)
         )?;
         writeln!(
             f,
@@ -290,6 +329,8 @@ mod tests {
     fn a_step_holds_only_the_chunks_of_its_rows() {
         let report = run(&small()).unwrap();
         assert!(report.equal);
+        assert_eq!(report.chunk_bytes, 4 * 1024);
+        assert_eq!(report.store_chunk_bytes, DEFAULT_CHUNK_BYTES);
         for m in &report.steps {
             assert!(m.chunks_copied >= 1 && m.chunks_copied <= m.rows);
             assert_eq!(m.store_new_bytes, m.chunks_copied * report.chunk_bytes);
@@ -298,6 +339,30 @@ mod tests {
         let new: usize = report.steps.iter().map(|m| m.store_new_bytes).sum();
         assert_eq!(report.store_total, report.table_bytes + new);
         assert_eq!(report.versions, 7);
+    }
+
+    #[test]
+    fn default_chunk_bytes_are_what_a_default_store_holds() {
+        // 3000 rows: two full 256 KiB chunks of 1024 rows and a short one of 952.
+        let rows = 3000;
+        let mut store = Store::new();
+        store
+            .insert("t", &Array2::<f32>::zeros((rows, DIM)))
+            .unwrap();
+        store.commit("zeros").unwrap();
+        let per = store.tensor("t").unwrap().rows_per_chunk().unwrap();
+        assert_eq!(per, DEFAULT_CHUNK_BYTES / (DIM * 4)); // what `run` assumes
+        for ids in [vec![5, 17], vec![5, 1500], vec![0, 2999], vec![2048]] {
+            let before = store.stats().unique_bytes;
+            for &r in &ids {
+                store
+                    .update_range::<f32>("t", r * DIM..(r + 1) * DIM, |_, xs| xs[0] += 1.0)
+                    .unwrap();
+            }
+            store.commit("rows").unwrap();
+            let new = store.stats().unique_bytes - before;
+            assert_eq!(new, bytes_of_chunks_touched(&ids, rows, per), "{ids:?}");
+        }
     }
 
     #[test]
