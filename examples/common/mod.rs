@@ -147,7 +147,7 @@ pub trait Params {
     fn tiles(&self, name: &str) -> Result<Vec<(Range<usize>, ArrayViewD<'_, f32>)>>;
 }
 
-/// Rows per tile: the rows of a chunk of the store's default size (64 KiB).
+/// Rows per tile: the rows of a chunk of the store's default size ([`DEFAULT_CHUNK_BYTES`]).
 pub fn tile_rows(shape: &[usize]) -> usize {
     let row: usize = shape.iter().skip(1).product();
     (DEFAULT_CHUNK_BYTES / 4 / row.max(1)).max(1)
