@@ -49,3 +49,29 @@ pub fn ramp(shape: &[usize], seed: f32) -> ArrayD<f32> {
     )
     .expect("shape matches length")
 }
+
+// ---- helpers shared by tensor_writes.rs and tensor_writes_model.rs --------------------
+
+/// Elements of a tensor of `shape`.
+pub fn len_of(shape: &[usize]) -> usize {
+    shape.iter().product()
+}
+
+/// The elements of `a` in logical (row-major) order.
+pub fn flat(a: &ArrayD<f32>) -> Vec<f32> {
+    a.iter().copied().collect()
+}
+
+/// Indices of the chunks of `t` that are not pointer-shared with the same chunk of `base`.
+pub fn unshared(t: &tensor_history::Tensor, base: &tensor_history::Tensor) -> Vec<usize> {
+    (0..t.num_chunks())
+        .filter(|&i| !t.chunk(i).unwrap().ptr_eq(base.chunk(i).unwrap()))
+        .collect()
+}
+
+/// Chunks (of `chunk_elems` elements) that hold any of the flat indices in `elems`.
+pub fn chunks_of(elems: impl IntoIterator<Item = usize>, chunk_elems: usize) -> Vec<usize> {
+    let set: std::collections::BTreeSet<usize> =
+        elems.into_iter().map(|i| i / chunk_elems).collect();
+    set.into_iter().collect()
+}
