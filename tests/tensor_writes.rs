@@ -531,3 +531,73 @@ fn large_tensors_with_many_chunks_match_the_model_through_parallel_paths() {
         assert!(store.tensor("x").unwrap().ptr_eq(&base));
     }
 }
+
+#[test]
+fn tensors_above_the_parallel_threshold_match_the_model() {
+    // 12 MiB with 64 KiB chunks: large enough that every per-tensor operation splits its
+    // work over rayon's pool (the threshold is 8 MiB).
+    let config = tensor_history::Config {
+        chunk_bytes: 64 * 1024,
+        ..tensor_history::Config::default()
+    };
+    let mut store = Store::with_config(config.clone()).unwrap();
+    let shape = [3 << 10, 1 << 10];
+    let a = ramp(&shape, 0.25);
+    store.insert("x", &a).unwrap();
+    let v = store.commit("a").unwrap();
+    let base = store.tensor("x").unwrap().clone();
+    assert!(base.num_chunks() > 100);
+    let mut want = flat(&a);
+
+    want.iter_mut().for_each(|x| *x *= 0.5);
+    let stats = store.update_map::<f32>("x", |x| x * 0.5).unwrap();
+    assert_eq!(stats.chunks_changed, base.num_chunks());
+    let g = ramp(&shape, 1.0);
+    store.zip_update("x", &g, |w, g| w - g).unwrap();
+    for (w, g) in want.iter_mut().zip(g.iter()) {
+        *w -= g;
+    }
+    assert_eq!(flat(&store.get::<f32>("x").unwrap()), want);
+
+    // Change one element in each of two chunks through `write`: only those two chunks
+    // stop being shared with the state before.
+    let before = store.tensor("x").unwrap().clone();
+    let ce = base.chunk_elems();
+    let mut bv = want.clone();
+    bv[3] = -7.0;
+    bv[ce * 40 + 1] = -7.0;
+    let b = ArrayD::from_shape_vec(IxDyn(&shape), bv).unwrap();
+    let stats = store.write("x", &b).unwrap();
+    assert_eq!(stats.chunks_changed, 2);
+    let now = store.tensor("x").unwrap().clone();
+    assert_eq!(unshared(&now, &before), vec![0, 40]);
+    store.commit("b").unwrap();
+    store
+        .update_range::<f32>("x", 5..6, |_, xs| xs[0] = 9.0)
+        .unwrap();
+    match store.diff_working().get("x") {
+        Some(tensor_history::VarDiff::Changed(t)) => assert_eq!(t.chunks, vec![0]),
+        other => panic!("unexpected diff {other:?}"),
+    }
+    store.discard().unwrap();
+
+    let want_arr = ArrayD::from_shape_vec(IxDyn(&shape), want.clone()).unwrap();
+    let mut framework = want_arr.clone();
+    let stats = now.copy_changed_into(&mut framework, &before).unwrap();
+    assert_eq!(stats.chunks_changed, 2);
+    assert_eq!(framework, b);
+    let mut out = ArrayD::from_elem(IxDyn(&shape), 0.0f32);
+    now.copy_into(&mut out).unwrap();
+    assert_eq!(out, b);
+
+    // The content hash does not depend on how the bytes got there.
+    let mut fresh = Store::with_config(config).unwrap();
+    fresh.insert("x", &b).unwrap();
+    assert_eq!(
+        fresh.tensor("x").unwrap().content_hash(),
+        now.content_hash()
+    );
+    store.verify().unwrap();
+    store.restore(v).unwrap();
+    assert!(store.tensor("x").unwrap().ptr_eq(&base));
+}
