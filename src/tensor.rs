@@ -28,6 +28,11 @@ pub(crate) type ChunkVec = imbl::Vector<Chunk>;
 /// tensors, are unaffected by the threshold).
 const PAR_MIN_BYTES: usize = 8 << 20;
 
+/// Bytes compared on the calling thread before a chunk pair is handed to the parallel
+/// full compare: most chunks that changed differ early (measured: `diff` of two 1 GiB
+/// versions with every chunk changed took 2.2 ms with every pair sent to the pool).
+const PREFIX_BYTES: usize = 64;
+
 /// `items.map(f)` in order, on rayon's pool when `bytes` of work make it worth it.
 fn map_par<I: Send, R: Send>(
     items: Vec<I>,
@@ -465,21 +470,32 @@ impl Tensor {
         if self.chunks.ptr_eq(&other.chunks) {
             return Vec::new();
         }
-        let candidates: Vec<(usize, &Chunk, &Chunk)> = self
-            .chunks
-            .iter()
-            .zip(other.chunks.iter())
-            .enumerate()
-            .filter(|(_, (a, b))| !a.ptr_eq(b))
-            .map(|(i, (a, b))| (i, a, b))
-            .collect();
-        let bytes = candidates.iter().map(|(_, a, _)| a.len_bytes()).sum();
-        map_par(candidates, bytes, |(i, a, b)| {
-            (!a.same_content(b)).then_some(i)
-        })
-        .into_iter()
-        .flatten()
-        .collect()
+        // Pointer-equal chunks are equal unread. Of the others, those whose first bytes
+        // (or known hashes) differ are found on this thread; only the rest, which may be
+        // equal and so need a full compare, go to the parallel pass.
+        let mut changed = Vec::new();
+        let mut unsure: Vec<(usize, &Chunk, &Chunk)> = Vec::new();
+        for (i, (a, b)) in self.chunks.iter().zip(other.chunks.iter()).enumerate() {
+            if a.ptr_eq(b) {
+                continue;
+            }
+            let head = a.len_bytes().min(PREFIX_BYTES);
+            let hashes_differ =
+                matches!((a.cached_hash(), b.cached_hash()), (Some(x), Some(y)) if x != y);
+            if hashes_differ || a.bytes()[..head] != b.bytes()[..head] {
+                changed.push(i);
+            } else {
+                unsure.push((i, a, b));
+            }
+        }
+        let bytes = unsure.iter().map(|(_, a, _)| a.len_bytes()).sum();
+        changed.extend(
+            map_par(unsure, bytes, |(i, a, b)| (!a.same_content(b)).then_some(i))
+                .into_iter()
+                .flatten(),
+        );
+        changed.sort_unstable();
+        changed
     }
 
     /// Same dtype, shape and chunk size: chunk `i` of one covers the same elements as
