@@ -106,6 +106,13 @@ impl Chunk {
         Arc::get_mut(&mut self.0)
     }
 
+    /// Replace the cached hash (tests of `verify` plant wrong ones).
+    #[cfg(test)]
+    pub(crate) fn plant_hash_for_test(&self, h: ContentHash) {
+        // Only possible before a hash is cached; callers use a fresh chunk.
+        let _ = self.0.hash.set(h);
+    }
+
     /// Recompute the hash; compare it with the cached one, or cache it if none was.
     pub(crate) fn verify_and_cache_hash(&self) -> bool {
         let h = ContentHash::of_bytes(self.bytes());

@@ -144,3 +144,57 @@ impl Store {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use ndarray::Array1;
+
+    use crate::history::{Ref, VersionId};
+    use crate::{ContentHash, Error, Store};
+
+    fn store() -> Store {
+        let mut s = Store::new();
+        s.insert("x", &Array1::from_elem(1000, 1.5f32)).unwrap();
+        s.commit("a").unwrap();
+        s
+    }
+
+    #[test]
+    fn verify_catches_a_cached_hash_that_does_not_match_the_bytes() {
+        let mut s = store();
+        s.verify().unwrap();
+        let forged = s.alloc.chunk_from_bytes(&[0u8; 4000]);
+        forged.plant_hash_for_test(ContentHash::of_bytes(b"not these bytes"));
+        let t = s
+            .tensor("x")
+            .unwrap()
+            .with_chunks(std::iter::once(forged).collect());
+        s.working.insert("x".into(), t);
+        assert!(matches!(s.verify(), Err(Error::Corrupt { .. })));
+    }
+
+    #[test]
+    fn verify_catches_a_ref_to_a_version_that_is_not_live() {
+        let mut s = store();
+        s.hist.refs.insert("ghost".into(), Ref::Tag(VersionId(7)));
+        assert!(matches!(s.verify(), Err(Error::Corrupt { reason }) if reason.contains("ghost")));
+    }
+
+    #[test]
+    fn verify_catches_parent_and_child_links_that_disagree() {
+        let mut s = store();
+        s.commit("b").unwrap();
+        s.hist.node_mut(VersionId(0)).unwrap().children.clear();
+        assert!(matches!(s.verify(), Err(Error::Corrupt { .. })));
+    }
+
+    #[test]
+    fn verify_catches_a_chunk_of_the_wrong_length() {
+        let mut s = store();
+        let t = s.tensor("x").unwrap().clone();
+        let short = s.alloc.chunk_from_bytes(&[0u8; 8]);
+        s.working
+            .insert("x".into(), t.with_chunks(std::iter::once(short).collect()));
+        assert!(matches!(s.verify(), Err(Error::Corrupt { .. })));
+    }
+}
