@@ -13,7 +13,7 @@ use crate::history::{check_ref_name, Head, History, Ref, Vars, VersionId};
 use crate::kernels::Stores;
 use crate::retention::Retention;
 use crate::snapshot::Snapshot;
-use crate::tensor::{Tensor, WriteStats};
+use crate::tensor::{Tensor, WriteCtx, WriteStats, PAR_MIN_BYTES, PAR_MIN_BYTES_COLD};
 
 /// Named tensors with their full version history, in memory.
 ///
@@ -181,13 +181,24 @@ impl Store {
         self.working.get(name).ok_or_else(|| unknown(name))
     }
 
-    /// Streaming stores pay only when the data does not stay in the last-level cache.
-    fn stores(&self) -> Stores {
+    /// How fused updates and writes run. When the working state is larger than the
+    /// last-level cache (`Config::stream_threshold_bytes`), the data is memory-bound:
+    /// streaming stores pay, and so does splitting even a few MiB over both cores.
+    fn write_ctx(&self) -> WriteCtx<'_> {
         let bytes: usize = self.working.values().map(Tensor::nbytes).sum();
-        if bytes >= self.config.stream_threshold_bytes {
-            Stores::Streaming
-        } else {
-            Stores::Normal
+        let cold = bytes >= self.config.stream_threshold_bytes;
+        WriteCtx {
+            alloc: &self.alloc,
+            stores: if cold {
+                Stores::Streaming
+            } else {
+                Stores::Normal
+            },
+            par_min_bytes: if cold {
+                PAR_MIN_BYTES_COLD
+            } else {
+                PAR_MIN_BYTES
+            },
         }
     }
 
@@ -271,9 +282,12 @@ impl Store {
         f: impl Fn(T) -> T + Sync + Send,
     ) -> Result<WriteStats> {
         let alloc = self.alloc.clone();
-        let stores = self.stores();
+        let ctx = WriteCtx {
+            alloc: &alloc,
+            ..self.write_ctx()
+        };
         let t = self.typed_mut::<T>(name)?;
-        let written = t.map(&alloc, stores, f);
+        let written = t.map(&ctx, f);
         Ok(stats_for(t, written))
     }
 
@@ -298,14 +312,17 @@ impl Store {
         D: Dimension,
     {
         let alloc = self.alloc.clone();
-        let stores = self.stores();
+        let ctx = WriteCtx {
+            alloc: &alloc,
+            ..self.write_ctx()
+        };
         let t = self.typed_mut::<T>(name)?;
         t.check_shape(name, other.shape())?;
         let std = other.as_standard_layout();
         let flat = std.as_slice().ok_or_else(|| Error::Corrupt {
             reason: "standard-layout array without a contiguous slice".into(),
         })?;
-        let written = t.zip(flat, &alloc, stores, f);
+        let written = t.zip(flat, &ctx, f);
         Ok(stats_for(t, written))
     }
 
@@ -324,13 +341,17 @@ impl Store {
         D: Dimension,
     {
         let alloc = self.alloc.clone();
+        let ctx = WriteCtx {
+            alloc: &alloc,
+            ..self.write_ctx()
+        };
         let t = self.typed_mut::<T>(name)?;
         t.check_shape(name, array.shape())?;
         let std = array.as_standard_layout();
         let flat = std.as_slice().ok_or_else(|| Error::Corrupt {
             reason: "standard-layout array without a contiguous slice".into(),
         })?;
-        Ok(t.write_from(flat, &alloc))
+        Ok(t.write_from(flat, &ctx))
     }
 
     // ---- commits and HEAD ----------------------------------------------------------

@@ -24,9 +24,23 @@ pub(crate) type ChunkVec = imbl::Vector<Chunk>;
 /// to another core's cache. Measured: with a 1 MiB threshold, an in-place `zip_update`
 /// of a 4 MiB tensor in cache took 141-157 us on a rayon worker against 88 us on the
 /// calling thread, and the training_undo example spent 312 ms in updates instead of
-/// 169 ms; above the last-level cache, two cores do pay (the 1 GiB benchmarks, 16 MiB
-/// tensors, are unaffected by the threshold).
-const PAR_MIN_BYTES: usize = 8 << 20;
+/// 169 ms.
+pub(crate) const PAR_MIN_BYTES: usize = 8 << 20;
+
+/// The threshold when the data is larger than the last-level cache (the store's working
+/// state is): memory-bound work then gains from both cores' bandwidth even for a few
+/// MiB. Measured on the 256 MiB report (4 MiB tensors): `write_unchanged` 0.72 with the
+/// 8 MiB threshold, 1.05-1.09 with this one.
+pub(crate) const PAR_MIN_BYTES_COLD: usize = 1 << 20;
+
+/// How a store-driven write runs: where buffers come from, which stores the kernels use,
+/// and from how many bytes work is split over rayon's pool.
+#[derive(Debug)]
+pub(crate) struct WriteCtx<'a> {
+    pub(crate) alloc: &'a Alloc,
+    pub(crate) stores: Stores,
+    pub(crate) par_min_bytes: usize,
+}
 
 /// Bytes compared on the calling thread before a chunk pair is handed to the parallel
 /// full compare: most chunks that changed differ early (measured: `diff` of two 1 GiB
@@ -39,7 +53,17 @@ fn map_par<I: Send, R: Send>(
     bytes: usize,
     f: impl Fn(I) -> R + Sync + Send,
 ) -> Vec<R> {
-    if bytes >= PAR_MIN_BYTES && items.len() > 1 {
+    map_par_from(PAR_MIN_BYTES, items, bytes, f)
+}
+
+/// [`map_par`] with the threshold given.
+fn map_par_from<I: Send, R: Send>(
+    min_bytes: usize,
+    items: Vec<I>,
+    bytes: usize,
+    f: impl Fn(I) -> R + Sync + Send,
+) -> Vec<R> {
+    if bytes >= min_bytes && items.len() > 1 {
         items.into_par_iter().with_min_len(1).map(f).collect()
     } else {
         items.into_iter().map(f).collect()
@@ -590,12 +614,12 @@ impl Tensor {
     /// stay shared. Returns chunks written and bytes copied.
     pub(crate) fn map<T: Element>(
         &mut self,
-        alloc: &Alloc,
-        stores: Stores,
+        ctx: &WriteCtx<'_>,
         f: impl Fn(T) -> T + Sync,
     ) -> (usize, usize) {
+        let stores = ctx.stores;
         self.fused(
-            alloc,
+            ctx,
             None,
             |src, _, dst| kernels::map_into(src, dst, &f, stores),
             |buf, _| kernels::map_in_place(buf, &f),
@@ -607,13 +631,13 @@ impl Tensor {
     pub(crate) fn zip<T: Element>(
         &mut self,
         other: &[T],
-        alloc: &Alloc,
-        stores: Stores,
+        ctx: &WriteCtx<'_>,
         f: impl Fn(T, T) -> T + Sync,
     ) -> (usize, usize) {
         debug_assert_eq!(other.len(), self.len(), "zip: operand length differs");
+        let stores = ctx.stores;
         self.fused(
-            alloc,
+            ctx,
             Some(other),
             |src, o, dst| kernels::zip_into(src, o, dst, &f, stores),
             |buf, o| kernels::zip_in_place(buf, o, &f),
@@ -622,15 +646,16 @@ impl Tensor {
 
     fn fused<T: Element>(
         &mut self,
-        alloc: &Alloc,
+        ctx: &WriteCtx<'_>,
         other: Option<&[T]>,
         into: impl Fn(&[T], &[T], &mut [T]) -> bool + Sync,
         in_place: impl Fn(&mut [T], &[T]) + Sync,
     ) -> (usize, usize) {
         let ce = self.chunk_elems;
         let bytes = self.nbytes();
+        let alloc = ctx.alloc;
         let chunks: Vec<(usize, &mut Chunk)> = self.chunks.iter_mut().enumerate().collect();
-        map_par(chunks, bytes, |(i, chunk)| {
+        map_par_from(ctx.par_min_bytes, chunks, bytes, |(i, chunk)| {
             let n = chunk.len_bytes() / std::mem::size_of::<T>();
             let o = other.map_or(&[][..], |o| &o[i * ce..i * ce + n]);
             if let Some(data) = chunk.get_mut() {
@@ -651,17 +676,19 @@ impl Tensor {
     }
 
     /// Overwrite from a flat row-major slice, keeping every chunk whose bytes are equal.
-    pub(crate) fn write_from<T: Element>(&mut self, src: &[T], alloc: &Alloc) -> WriteStats {
+    pub(crate) fn write_from<T: Element>(&mut self, src: &[T], ctx: &WriteCtx<'_>) -> WriteStats {
         debug_assert_eq!(src.len(), self.len(), "write_from: length differs");
         let ce = self.chunk_elems;
+        let alloc = ctx.alloc;
         let chunks: Vec<(usize, &Chunk)> = self.chunks.iter().enumerate().collect();
-        let changed: Vec<usize> = map_par(chunks, self.nbytes(), |(i, c)| {
-            let new = &src[i * ce..i * ce + c.len_bytes() / std::mem::size_of::<T>()];
-            (bytemuck::cast_slice::<T, u8>(new) != c.bytes()).then_some(i)
-        })
-        .into_iter()
-        .flatten()
-        .collect();
+        let changed: Vec<usize> =
+            map_par_from(ctx.par_min_bytes, chunks, self.nbytes(), |(i, c)| {
+                let new = &src[i * ce..i * ce + c.len_bytes() / std::mem::size_of::<T>()];
+                (bytemuck::cast_slice::<T, u8>(new) != c.bytes()).then_some(i)
+            })
+            .into_iter()
+            .flatten()
+            .collect();
         let mut stats = WriteStats {
             chunks_total: self.num_chunks(),
             ..WriteStats::default()

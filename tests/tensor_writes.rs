@@ -601,3 +601,41 @@ fn tensors_above_the_parallel_threshold_match_the_model() {
     store.restore(v).unwrap();
     assert!(store.tensor("x").unwrap().ptr_eq(&base));
 }
+
+#[test]
+fn fused_updates_on_a_working_state_larger_than_the_cache_match_the_model() {
+    // 40 MiB of working state in 4 MiB tensors: above the default streaming threshold
+    // (32 MiB), so update_map and zip_update stream their stores and split each tensor
+    // over rayon's pool.
+    let mut store = Store::new();
+    let shape = [1024, 1024];
+    let mut model: Vec<Vec<f32>> = Vec::new();
+    for t in 0..10 {
+        let a = ramp(&shape, t as f32);
+        model.push(flat(&a));
+        store.insert(&format!("t{t}"), &a).unwrap();
+    }
+    store.commit("init").unwrap();
+    let before = store.tensor("t3").unwrap().clone();
+    let g = ramp(&shape, 0.5);
+    for (t, m) in model.iter_mut().enumerate() {
+        let name = format!("t{t}");
+        store.zip_update(&name, &g, |w, g| w - 0.25 * g).unwrap();
+        for (w, g) in m.iter_mut().zip(g.iter()) {
+            *w -= 0.25 * g;
+        }
+        // An identity map through the streaming path writes nothing.
+        let stats = store.update_map::<f32>(&name, |x| x).unwrap();
+        assert_eq!(stats.bytes_copied, 0, "{name}");
+        assert_eq!(flat(&store.get::<f32>(&name).unwrap()), *m, "{name}");
+    }
+    // A map that changes nothing keeps every chunk shared with the version before it.
+    store.commit("after").unwrap();
+    let after = store.tensor("t3").unwrap().clone();
+    let stats = store.update_map::<f32>("t3", |x| x).unwrap();
+    assert_eq!(stats.chunks_changed, 0);
+    assert!(store.tensor("t3").unwrap().ptr_eq(&after));
+    assert_eq!(after.shared_chunks(&before), 0);
+    assert!(!store.is_dirty());
+    store.verify().unwrap();
+}
