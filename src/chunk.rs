@@ -203,6 +203,14 @@ impl Pool {
         self.free.lock().map(|f| f.len()).unwrap_or(0) * self.words * 8
     }
 
+    /// Drop every pooled buffer, returning its memory to the allocator.
+    pub(crate) fn clear(&self) {
+        if let Ok(mut free) = self.free.lock() {
+            free.clear();
+            free.shrink_to_fit();
+        }
+    }
+
     fn give_back(&self, buf: Vec<u64>) {
         if buf.len() != self.words || self.cap_bytes < self.words * 8 {
             return;

@@ -75,6 +75,14 @@ impl Store {
         self.pool.as_ref().map_or(0, |p| p.pooled_bytes())
     }
 
+    /// Return the pooled buffers' memory to the allocator (for example after pruning a
+    /// large history). Later copy-on-write writes refill the pool. O(pooled buffers).
+    pub fn release_pooled(&mut self) {
+        if let Some(p) = &self.pool {
+            p.clear();
+        }
+    }
+
     // ---- working state -------------------------------------------------------------
 
     /// Add a variable holding a copy of `array` (any memory layout) to the working state.

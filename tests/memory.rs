@@ -77,6 +77,12 @@ fn sparse_commits_share_unchanged_chunks_and_pruning_frees_the_rest() {
     }
     // Every changed chunk is in the last version.
     assert!(weak_changed.iter().all(WeakChunk::is_alive));
+    // The freed full-size buffers went to the pool (within its cap), not counted as held;
+    // release_pooled returns them to the allocator.
+    assert_eq!(stats.pooled_bytes, 95 * chunk_bytes);
+    store.release_pooled();
+    assert_eq!(store.stats().pooled_bytes, 0);
+    assert_eq!(store.stats().unique_bytes, stats.unique_bytes);
     assert_eq!(
         store.get::<f32>("w").unwrap()[at(99) * chunk_elems + 99],
         100.0
