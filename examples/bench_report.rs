@@ -20,7 +20,6 @@
 //! as many threads as the store: rayon over the 64 tensors).
 
 use std::collections::BTreeMap;
-use std::error::Error;
 use std::hint::black_box;
 use std::ops::Range;
 use std::time::{Duration, Instant};
@@ -29,7 +28,9 @@ use ndarray::{ArrayView2, ArrayViewMut2};
 use rayon::prelude::*;
 use tensor_history::{Config, Store, DEFAULT_CHUNK_BYTES};
 
-type Res<T> = Result<T, Box<dyn Error>>;
+mod timing;
+
+use timing::{clock, interleave, timed, Res};
 
 /// Scenario names, in the order the report prints them.
 const SCENARIOS: [&str; 11] = [
@@ -174,47 +175,6 @@ fn sgd_in_place(w: &mut [Vec<f32>], g: &[Vec<f32>]) {
             *w -= LR * *g;
         }
     });
-}
-
-fn median(mut xs: Vec<f64>) -> f64 {
-    xs.sort_by(f64::total_cmp);
-    let n = xs.len();
-    if n % 2 == 1 {
-        xs[n / 2]
-    } else {
-        (xs[n / 2 - 1] + xs[n / 2]) / 2.0
-    }
-}
-
-type Run<'a> = &'a mut dyn FnMut() -> Res<Duration>;
-
-/// One untimed warm-up run of each, then `reps` rounds in which every run goes once, the
-/// order rotating each round. Returns the median milliseconds of each run.
-fn interleave(reps: usize, runs: &mut [Run<'_>]) -> Res<Vec<f64>> {
-    for r in runs.iter_mut() {
-        r()?;
-    }
-    let n = runs.len();
-    let mut times = vec![Vec::with_capacity(reps); n];
-    for rep in 0..reps {
-        for k in 0..n {
-            let i = (k + rep) % n;
-            times[i].push(runs[i]()?.as_secs_f64() * 1e3);
-        }
-    }
-    Ok(times.into_iter().map(median).collect())
-}
-
-/// Time `f`; its result goes through `black_box` so the work cannot be optimized away.
-fn timed<R>(f: impl FnOnce() -> Res<R>) -> Res<Duration> {
-    let t = Instant::now();
-    black_box(f()?);
-    Ok(t.elapsed())
-}
-
-/// [`timed`] for infallible work.
-fn clock<R>(f: impl FnOnce() -> R) -> Res<Duration> {
-    timed(|| Ok(f()))
 }
 
 struct Report {

@@ -26,14 +26,15 @@
 use std::cell::RefCell;
 use std::error::Error;
 use std::hint::black_box;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use ndarray::{ArrayD, ArrayView2, ArrayViewMut2, IxDyn};
 use rayon::prelude::*;
 use tensor_history::Store;
 
-type Res<T> = Result<T, Box<dyn Error>>;
-type Run<'a> = &'a mut dyn FnMut() -> Res<Duration>;
+mod timing;
+
+use timing::{interleave, median, timed, Res};
 
 const COLS: usize = 1024;
 const TENSORS: usize = 64;
@@ -43,42 +44,6 @@ fn fill(len: usize, salt: usize) -> Vec<f32> {
     (0..len)
         .map(|i| 1.0 + ((i * 31 + salt * 7) % 997) as f32 * 1e-3)
         .collect()
-}
-
-/// Time `f` alone: its result goes through `black_box` and is dropped after the clock.
-fn timed<R>(f: impl FnOnce() -> Res<R>) -> Res<Duration> {
-    let t = Instant::now();
-    let r = black_box(f()?);
-    let d = t.elapsed();
-    drop(r);
-    Ok(d)
-}
-
-fn median(mut xs: Vec<f64>) -> f64 {
-    xs.sort_by(f64::total_cmp);
-    let n = xs.len();
-    if n % 2 == 1 {
-        xs[n / 2]
-    } else {
-        (xs[n / 2 - 1] + xs[n / 2]) / 2.0
-    }
-}
-
-/// One untimed warm-up run of each, then `reps` rounds in which every run goes once, the
-/// order rotating each round. Returns the median milliseconds of each run.
-fn interleave(reps: usize, runs: &mut [Run<'_>]) -> Res<Vec<f64>> {
-    for r in runs.iter_mut() {
-        r()?;
-    }
-    let n = runs.len();
-    let mut times = vec![Vec::with_capacity(reps); n];
-    for rep in 0..reps {
-        for k in 0..n {
-            let i = (k + rep) % n;
-            times[i].push(runs[i]()?.as_secs_f64() * 1e3);
-        }
-    }
-    Ok(times.into_iter().map(median).collect())
 }
 
 fn fmt_ms(ms: f64) -> String {
