@@ -483,13 +483,7 @@ impl fmt::Display for Report {
 }
 
 fn main() -> Result<(), Box<dyn Error>> {
-    let opts = match Opts::from_args(std::env::args().skip(1)) {
-        Ok(opts) => opts,
-        Err(e) => {
-            eprintln!("error: {e}\n{USAGE}");
-            std::process::exit(2);
-        }
-    };
+    let opts = common::opts_or_exit(Opts::from_args(std::env::args().skip(1)), USAGE);
     let report = run(&opts)?;
     print!("{report}");
     if !report.identical() {

@@ -326,6 +326,15 @@ impl Flags {
 }
 
 /// Bytes as a short human string (KiB, MiB, GiB).
+/// The parsed options, or (on bad flags) the error and the usage line on stderr and exit
+/// status 2.
+pub fn opts_or_exit<T>(parsed: Result<T>, usage: &str) -> T {
+    parsed.unwrap_or_else(|e| {
+        eprintln!("error: {e}\n{usage}");
+        std::process::exit(2);
+    })
+}
+
 pub fn human(bytes: usize) -> String {
     let b = bytes as f64;
     if b >= (1u64 << 30) as f64 {
