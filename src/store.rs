@@ -192,11 +192,11 @@ impl Store {
     /// How fused updates and writes run. When the working state is larger than the
     /// last-level cache (`Config::stream_threshold_bytes`), the data is memory-bound:
     /// streaming stores pay, and so does splitting even a few MiB over both cores.
-    fn write_ctx(&self) -> WriteCtx<'_> {
+    fn write_ctx(&self) -> WriteCtx {
         let bytes: usize = self.working.values().map(Tensor::nbytes).sum();
         let cold = bytes >= self.config.stream_threshold_bytes;
         WriteCtx {
-            alloc: &self.alloc,
+            alloc: self.alloc.clone(),
             stores: if cold {
                 Stores::Streaming
             } else {
@@ -289,11 +289,7 @@ impl Store {
         name: &str,
         f: impl Fn(T) -> T + Sync + Send,
     ) -> Result<WriteStats> {
-        let alloc = self.alloc.clone();
-        let ctx = WriteCtx {
-            alloc: &alloc,
-            ..self.write_ctx()
-        };
+        let ctx = self.write_ctx();
         let t = self.typed_mut::<T>(name)?;
         let written = t.map(&ctx, f);
         Ok(stats_for(t, written))
@@ -319,11 +315,7 @@ impl Store {
         S: Data<Elem = T>,
         D: Dimension,
     {
-        let alloc = self.alloc.clone();
-        let ctx = WriteCtx {
-            alloc: &alloc,
-            ..self.write_ctx()
-        };
+        let ctx = self.write_ctx();
         let t = self.typed_mut::<T>(name)?;
         t.check_shape(name, other.shape())?;
         let std = other.as_standard_layout();
@@ -348,11 +340,7 @@ impl Store {
         S: Data<Elem = T>,
         D: Dimension,
     {
-        let alloc = self.alloc.clone();
-        let ctx = WriteCtx {
-            alloc: &alloc,
-            ..self.write_ctx()
-        };
+        let ctx = self.write_ctx();
         let t = self.typed_mut::<T>(name)?;
         t.check_shape(name, array.shape())?;
         let std = array.as_standard_layout();

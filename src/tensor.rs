@@ -36,8 +36,8 @@ pub(crate) const PAR_MIN_BYTES_COLD: usize = 1 << 20;
 /// How a store-driven write runs: where buffers come from, which stores the kernels use,
 /// and from how many bytes work is split over rayon's pool.
 #[derive(Debug)]
-pub(crate) struct WriteCtx<'a> {
-    pub(crate) alloc: &'a Alloc,
+pub(crate) struct WriteCtx {
+    pub(crate) alloc: Alloc,
     pub(crate) stores: Stores,
     pub(crate) par_min_bytes: usize,
 }
@@ -614,7 +614,7 @@ impl Tensor {
     /// stay shared. Returns chunks written and bytes copied.
     pub(crate) fn map<T: Element>(
         &mut self,
-        ctx: &WriteCtx<'_>,
+        ctx: &WriteCtx,
         f: impl Fn(T) -> T + Sync,
     ) -> (usize, usize) {
         let stores = ctx.stores;
@@ -631,7 +631,7 @@ impl Tensor {
     pub(crate) fn zip<T: Element>(
         &mut self,
         other: &[T],
-        ctx: &WriteCtx<'_>,
+        ctx: &WriteCtx,
         f: impl Fn(T, T) -> T + Sync,
     ) -> (usize, usize) {
         debug_assert_eq!(other.len(), self.len(), "zip: operand length differs");
@@ -646,14 +646,14 @@ impl Tensor {
 
     fn fused<T: Element>(
         &mut self,
-        ctx: &WriteCtx<'_>,
+        ctx: &WriteCtx,
         other: Option<&[T]>,
         into: impl Fn(&[T], &[T], &mut [T]) -> bool + Sync,
         in_place: impl Fn(&mut [T], &[T]) + Sync,
     ) -> (usize, usize) {
         let ce = self.chunk_elems;
         let bytes = self.nbytes();
-        let alloc = ctx.alloc;
+        let alloc = &ctx.alloc;
         let chunks: Vec<(usize, &mut Chunk)> = self.chunks.iter_mut().enumerate().collect();
         map_par_from(ctx.par_min_bytes, chunks, bytes, |(i, chunk)| {
             let n = chunk.len_bytes() / std::mem::size_of::<T>();
@@ -676,10 +676,10 @@ impl Tensor {
     }
 
     /// Overwrite from a flat row-major slice, keeping every chunk whose bytes are equal.
-    pub(crate) fn write_from<T: Element>(&mut self, src: &[T], ctx: &WriteCtx<'_>) -> WriteStats {
+    pub(crate) fn write_from<T: Element>(&mut self, src: &[T], ctx: &WriteCtx) -> WriteStats {
         debug_assert_eq!(src.len(), self.len(), "write_from: length differs");
         let ce = self.chunk_elems;
-        let alloc = ctx.alloc;
+        let alloc = &ctx.alloc;
         let chunks: Vec<(usize, &Chunk)> = self.chunks.iter().enumerate().collect();
         let changed: Vec<usize> =
             map_par_from(ctx.par_min_bytes, chunks, self.nbytes(), |(i, c)| {
