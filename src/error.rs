@@ -154,6 +154,32 @@ pub enum Error {
         /// What is wrong.
         reason: String,
     },
+    /// A storage backend failed (disk full, permission denied, network error, a missing
+    /// object). Nothing in memory or in the repository was lost.
+    #[error("I/O error on `{path}`: {message}")]
+    Io {
+        /// The file, object key or URL at fault.
+        path: String,
+        /// The kind of failure (`NotFound` for a missing object).
+        kind: std::io::ErrorKind,
+        /// The backend's description.
+        message: String,
+    },
+    /// The repository was written in a format (or format version) this build cannot read.
+    #[error("unsupported repository format in `{path}`: {found}")]
+    UnsupportedFormat {
+        /// The file at fault.
+        path: String,
+        /// What was found (the format name and version).
+        found: String,
+    },
+    /// A save found that a branch moved in the repository since this store last saw it;
+    /// nothing was written for that branch. `refresh` (and a merge) first.
+    #[error("branch `{branch}` moved in the repository since it was last seen")]
+    Conflict {
+        /// The branch.
+        branch: String,
+    },
     /// `verify` found a broken invariant or a cached hash that does not match the bytes.
     #[error("integrity check failed: {reason}")]
     Corrupt {

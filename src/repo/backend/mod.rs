@@ -1,0 +1,168 @@
+//! Storage backends: the small synchronous trait the repository protocol is written
+//! against, and its implementations.
+//!
+//! A backend stores named objects ("keys": `/`-separated relative paths such as
+//! `packs/ab/<id>.thpack`). It knows nothing of the repository format; the protocol in
+//! [`crate::repo`] needs exactly these operations, so the same protocol runs on a local
+//! directory, in memory, on a power-loss simulator in tests, and on object storage.
+//!
+//! # Contract every implementation keeps
+//!
+//! - `put` and `put_if_absent` are atomic: a reader sees no object, or the whole old
+//!   object, or the whole new one; never a torn one.
+//! - `put_if_absent` is a create-if-absent write: of several concurrent calls for one key
+//!   exactly one gets [`PutOutcome::Created`]; it is durable when it returns (refs are
+//!   committed with it).
+//! - Data written by `put` is durable once a later `barrier` returns (on a local disk:
+//!   files and the directories that name them are fsynced).
+//! - A missing object is an [`Error::Io`] whose `kind` is
+//!   [`std::io::ErrorKind::NotFound`] (see [`is_not_found`]); `delete` of a missing
+//!   object succeeds.
+
+use std::fmt;
+use std::ops::{Deref, Range};
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use crate::error::{Error, Result};
+
+/// What a create-if-absent write found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PutOutcome {
+    /// The object did not exist and now holds the data.
+    Created,
+    /// An object of that key already existed; it was left as it was.
+    AlreadyExists,
+}
+
+/// One object found by [`Backend::list`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ObjectInfo {
+    /// The object's key.
+    pub key: String,
+    /// Its size in bytes.
+    pub size: u64,
+    /// When it was last written, if the backend knows.
+    pub modified: Option<SystemTime>,
+}
+
+/// Bytes read from a backend: an owned buffer or a slice of a mapped file. Clone is
+/// O(1) and shares the bytes.
+#[derive(Clone)]
+pub struct Bytes {
+    owner: Arc<dyn AsRef<[u8]> + Send + Sync>,
+    range: Range<usize>,
+}
+
+impl Bytes {
+    /// Bytes owned by `owner` (a `Vec<u8>`, a memory map, ...), all of them.
+    pub fn new(owner: Arc<dyn AsRef<[u8]> + Send + Sync>) -> Bytes {
+        let len = (*owner).as_ref().len();
+        Bytes {
+            owner,
+            range: 0..len,
+        }
+    }
+
+    /// A sub-range, sharing the owner. `None` if `range` is not inside `self`. O(1).
+    #[must_use]
+    pub fn slice(&self, range: Range<usize>) -> Option<Bytes> {
+        if range.start > range.end || range.end > self.range.len() {
+            return None;
+        }
+        Some(Bytes {
+            owner: Arc::clone(&self.owner),
+            range: self.range.start + range.start..self.range.start + range.end,
+        })
+    }
+}
+
+impl From<Vec<u8>> for Bytes {
+    fn from(v: Vec<u8>) -> Bytes {
+        Bytes::new(Arc::new(v))
+    }
+}
+
+impl Deref for Bytes {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        &(*self.owner).as_ref()[self.range.clone()]
+    }
+}
+
+impl AsRef<[u8]> for Bytes {
+    fn as_ref(&self) -> &[u8] {
+        self
+    }
+}
+
+impl fmt::Debug for Bytes {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Bytes").field("len", &self.len()).finish()
+    }
+}
+
+/// Where a repository's objects live. Synchronous; implementations that talk to a
+/// network keep their own runtime private.
+pub trait Backend: fmt::Debug + Send + Sync {
+    /// The whole object. A local backend may return a mapped file (zero-copy).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Io`] (kind `NotFound` when absent).
+    fn get(&self, key: &str) -> Result<Bytes>;
+
+    /// A byte range of the object.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Io`] (kind `NotFound` when absent, `UnexpectedEof` when the range passes
+    /// the end).
+    fn get_range(&self, key: &str, range: Range<u64>) -> Result<Bytes>;
+
+    /// Create or replace the object (atomically). Durable after the next
+    /// [`barrier`](Backend::barrier).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Io`].
+    fn put(&self, key: &str, data: &[u8]) -> Result<()>;
+
+    /// Create the object only if no object of that key exists. Durable on return.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Io`].
+    fn put_if_absent(&self, key: &str, data: &[u8]) -> Result<PutOutcome>;
+
+    /// Every object whose key starts with `prefix`, in no particular order.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Io`].
+    fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>>;
+
+    /// Delete the object; a missing object is not an error.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Io`].
+    fn delete(&self, key: &str) -> Result<()>;
+
+    /// Make every earlier `put` durable (fsync of files and directories on a disk).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Io`].
+    fn barrier(&self) -> Result<()>;
+
+    /// Where the objects live, as a user would write it (a path or a URL).
+    fn location(&self) -> String;
+}
+
+/// Whether `e` says an object does not exist.
+#[must_use]
+pub fn is_not_found(e: &Error) -> bool {
+    matches!(e, Error::Io { kind, .. } if *kind == std::io::ErrorKind::NotFound)
+}
