@@ -180,6 +180,27 @@ pub enum Error {
         /// The branch.
         branch: String,
     },
+    /// A file given to `import_safetensors` is not a valid safetensors file (a header
+    /// that is too small, too large, not JSON, or offsets that do not cover the data).
+    /// Nothing was imported.
+    #[error("`{path}` is not a valid safetensors file: {reason}")]
+    InvalidSafeTensors {
+        /// The file.
+        path: String,
+        /// What the safetensors parser found wrong.
+        reason: String,
+    },
+    /// A tensor of a safetensors file has an element type no [`DType`] holds (`BOOL`,
+    /// the 8-, 6- and 4-bit floats, `C64`). Nothing was imported.
+    #[error("tensor `{name}` in `{path}` has dtype {dtype}, which tensor-history cannot hold")]
+    UnsupportedSafeTensorsDType {
+        /// The file.
+        path: String,
+        /// The tensor.
+        name: String,
+        /// The safetensors dtype, as written in the file (`BOOL`, `F8_E4M3`, ...).
+        dtype: String,
+    },
     /// `verify` found a broken invariant or a cached hash that does not match the bytes.
     #[error("integrity check failed: {reason}")]
     Corrupt {

@@ -177,6 +177,41 @@ impl Tensor {
         })
     }
 
+    /// A tensor of `dtype` and `shape` holding a copy of `bytes` (little-endian elements,
+    /// row-major), cut into chunks of at most `chunk_bytes` bytes as
+    /// [`from_array`](Tensor::from_array) would cut them. O(size), in parallel above
+    /// [`PAR_MIN_BYTES`].
+    ///
+    /// Fails with [`Error::ShapeMismatch`] (the byte count as a one-element shape) when
+    /// `bytes` does not hold exactly the elements of `shape`, and with
+    /// [`Error::InvalidConfig`] when `chunk_bytes` is smaller than one element.
+    pub(crate) fn from_le_bytes_in(
+        name: &str,
+        dtype: DType,
+        shape: &[usize],
+        bytes: &[u8],
+        chunk_bytes: usize,
+        alloc: &Alloc,
+    ) -> Result<Tensor> {
+        let fits = shape_len(shape).and_then(|n| n.checked_mul(dtype.size())) == Some(bytes.len());
+        if !fits {
+            return Err(Error::ShapeMismatch {
+                name: name.to_owned(),
+                expected: shape.to_vec(),
+                found: vec![bytes.len() / dtype.size()],
+            });
+        }
+        let chunk_elems = chunk_elems_for(shape, dtype, chunk_bytes)?;
+        let pieces: Vec<&[u8]> = bytes.chunks(chunk_elems * dtype.size()).collect();
+        let chunks = map_par(pieces, bytes.len(), |c| alloc.chunk_from_bytes(c));
+        Ok(Tensor {
+            dtype,
+            shape: shape.into(),
+            chunk_elems,
+            chunks: chunks.into_iter().collect(),
+        })
+    }
+
     /// The element type.
     #[must_use]
     pub fn dtype(&self) -> DType {

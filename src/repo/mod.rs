@@ -2,3 +2,4 @@
 //! storage backends under it.
 
 pub(crate) mod backend;
+mod safetensors;
