@@ -9,6 +9,7 @@ use std::time::SystemTime;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+use crate::meta::Meta;
 use crate::tensor::Tensor;
 
 /// The variables of a version or of the working state: a persistent map, O(1) to clone.
@@ -82,6 +83,7 @@ pub(crate) struct Version {
     pub(crate) parents: Vec<VersionId>,
     pub(crate) children: Vec<VersionId>,
     pub(crate) message: Arc<str>,
+    pub(crate) meta: Arc<Meta>,
     pub(crate) time: SystemTime,
     pub(crate) vars: Vars,
 }
@@ -152,7 +154,13 @@ impl History {
     }
 
     /// Add a node as a child of `parents`; returns its id.
-    pub(crate) fn add(&mut self, parents: Vec<VersionId>, message: &str, vars: Vars) -> VersionId {
+    pub(crate) fn add(
+        &mut self,
+        parents: Vec<VersionId>,
+        message: &str,
+        meta: Meta,
+        vars: Vars,
+    ) -> VersionId {
         let id = VersionId(self.nodes.len() as u64);
         for p in &parents {
             if let Ok(node) = self.node_mut(*p) {
@@ -163,6 +171,7 @@ impl History {
             parents,
             children: Vec::new(),
             message: message.into(),
+            meta: Arc::new(meta),
             time: SystemTime::now(),
             vars,
         }));

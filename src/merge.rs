@@ -7,6 +7,7 @@ use crate::chunk::{Alloc, Chunk};
 use crate::element::{DType, Element};
 use crate::error::{Conflict, Error, Result};
 use crate::history::{Vars, VersionId};
+use crate::meta::Meta;
 use crate::store::Store;
 use crate::tensor::{ChunkVec, Tensor};
 
@@ -218,6 +219,27 @@ impl Store {
     /// [`Error::MergeConflict`] listing every variable and chunk in conflict,
     /// [`Error::UnsupportedDType`] for a `Mean` of integers. Nothing changes on error.
     pub fn merge(&mut self, other: VersionId, strategy: MergeStrategy) -> Result<VersionId> {
+        self.merge_with(other, strategy, Meta::new())
+    }
+
+    /// Like [`merge`](Store::merge), recording `meta` with the merge version. Metadata is
+    /// not merged implicitly (a loss measured on either side says nothing of the merged
+    /// weights): the caller says what the merge keeps, for example the step of one side
+    /// from [`metadata`](Store::metadata) and a loss measured after merging.
+    ///
+    /// The cost of [`merge`](Store::merge) plus O(keys).
+    ///
+    /// # Errors
+    ///
+    /// As for [`merge`](Store::merge), and [`Error::InvalidArgument`] for a bad key (see
+    /// [`Meta`]).
+    pub fn merge_with(
+        &mut self,
+        other: VersionId,
+        strategy: MergeStrategy,
+        meta: Meta,
+    ) -> Result<VersionId> {
+        meta.validate()?;
         let head = self.hist.head_id().ok_or(Error::NoCommits)?;
         let theirs = self.hist.node(other)?.vars.clone();
         if other == head {
@@ -256,7 +278,7 @@ impl Store {
             return Err(Error::MergeConflict { conflicts });
         }
         let message = format!("merge {other} into {head}");
-        self.commit_vars(vec![head, other], &message, merged)
+        self.commit_vars(vec![head, other], &message, meta, merged)
     }
 
     /// Record a version whose float variables are the weighted mean of the same variables
@@ -277,6 +299,25 @@ impl Store {
     /// [`Error::ShapeMismatch`] for a variable missing or different in some version;
     /// [`Error::UnsupportedDType`] for integer variables that differ.
     pub fn average(&mut self, ids: &[VersionId], weights: Option<&[f64]>) -> Result<VersionId> {
+        self.average_with(ids, weights, Meta::new())
+    }
+
+    /// Like [`average`](Store::average), recording `meta` with the new version (nothing is
+    /// carried over from the averaged versions unless the caller puts it in `meta`).
+    ///
+    /// The cost of [`average`](Store::average) plus O(keys).
+    ///
+    /// # Errors
+    ///
+    /// As for [`average`](Store::average), and [`Error::InvalidArgument`] for a bad key
+    /// (see [`Meta`]).
+    pub fn average_with(
+        &mut self,
+        ids: &[VersionId],
+        weights: Option<&[f64]>,
+        meta: Meta,
+    ) -> Result<VersionId> {
+        meta.validate()?;
         let invalid = |reason: String| Error::InvalidArgument { reason };
         if ids.is_empty() {
             return Err(invalid("average of no versions".into()));
@@ -344,6 +385,6 @@ impl Store {
         }
         let list: Vec<String> = ids.iter().map(|i| i.to_string()).collect();
         let message = format!("average of {}", list.join(", "));
-        self.commit_vars(parents, &message, out)
+        self.commit_vars(parents, &message, meta, out)
     }
 }

@@ -30,8 +30,9 @@ impl Store {
     }
 
     /// The history tree as text, newest first, like `git log --graph --oneline`: one line
-    /// per live version with its id, refs and message, and lanes that show where branches
-    /// fork and merges join. O(versions · lanes).
+    /// per live version with its id, refs, message and metadata (`[loss=0.12 step=3]`, see
+    /// [`Meta`](crate::Meta)'s `Display`), and lanes that show where branches fork and
+    /// merges join. O(versions · lanes).
     ///
     /// ```
     /// # use tensor_history::Store;
@@ -91,7 +92,12 @@ impl Store {
                 .get(&id)
                 .map(|l| format!("({}) ", l.join(", ")))
                 .unwrap_or_default();
-            let _ = writeln!(out, "{line}{id} {refs}{}", node.message);
+            let meta = if node.meta.is_empty() {
+                String::new()
+            } else {
+                format!(" [{}]", node.meta)
+            };
+            let _ = writeln!(out, "{line}{id} {refs}{}{meta}", node.message);
             lanes[col] = node.parents.first().copied();
             // Extra parents (a merge) open lanes of their own unless one already waits.
             let mut opened = Vec::new();
@@ -119,15 +125,20 @@ impl Store {
         out
     }
 
-    /// The history tree as a Graphviz DOT digraph: one node per live version (id and
-    /// message), an edge from each version to its parents, refs as boxes. O(versions).
+    /// The history tree as a Graphviz DOT digraph: one node per live version (id,
+    /// message and metadata), an edge from each version to its parents, refs as boxes. O(versions).
     #[must_use]
     pub fn to_dot(&self) -> String {
         let mut out = String::from("digraph history {\n  rankdir=BT;\n  node [shape=ellipse];\n");
         for (id, node) in self.hist.live() {
+            let meta = if node.meta.is_empty() {
+                String::new()
+            } else {
+                format!("\\n{}", escape(&node.meta.to_string()))
+            };
             let _ = writeln!(
                 out,
-                "  {} [label=\"{}\\n{}\"];",
+                "  {} [label=\"{}\\n{}{meta}\"];",
                 id.0,
                 id,
                 escape(&node.message)

@@ -6,15 +6,23 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::Result;
 use crate::history::{Head, Ref, VersionId};
+use crate::meta::Meta;
 use crate::store::Store;
 
 /// Which versions [`Store::prune`] keeps. HEAD, branch tips, tagged versions and the
 /// redo path are always kept.
 ///
+/// The policies combine as a union: a version is kept when any of them keeps it. Versions
+/// are dropped only when [`last`](Retention::last) or [`best`](Retention::best) is set
+/// (each keeps a bounded set and drops the rest), or, with
+/// [`unreachable`](Retention::unreachable), when no ref reaches them.
+///
 /// ```
-/// use tensor_history::Retention;
+/// use tensor_history::{Goal, Retention};
 /// // the last 5 versions of every branch, plus every 10th version:
 /// let policy = Retention::keep_last(5).keep_every(10);
+/// // the 3 versions with the lowest recorded `loss`, plus the last 2 of every branch:
+/// let policy = Retention::keep_last(2).keep_best(3, "loss", Goal::Min);
 /// # let _ = policy;
 /// ```
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -28,6 +36,35 @@ pub struct Retention {
     /// Also drop versions that no branch, tag, HEAD or the redo path reaches (for example
     /// the old future after an undo and a new commit).
     pub unreachable: bool,
+    /// Also keep the best N live versions by a metric recorded in their
+    /// [`Meta`](crate::Meta) (see [`KeepBest`]).
+    pub best: Option<KeepBest>,
+}
+
+/// Whether lower or higher values of a metric are better.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Goal {
+    /// Lower is better (a loss, an error rate).
+    Min,
+    /// Higher is better (an accuracy, a reward).
+    Max,
+}
+
+/// "Keep the best `n` versions by `metric`", like the `best_fn` of checkpoint managers.
+///
+/// The candidates are the live versions whose metadata holds `metric` as a number
+/// ([`Meta::number`](crate::Meta::number): an `Int` or a non-NaN `Float`); versions
+/// without it, or with text, a flag or NaN there, are never among the best. They are
+/// ranked by value (ascending for [`Goal::Min`], descending for [`Goal::Max`]), ties
+/// going to the older version, and the first `n` are kept.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct KeepBest {
+    /// How many versions to keep.
+    pub n: usize,
+    /// The metadata key ranked by.
+    pub metric: String,
+    /// Which direction is better.
+    pub goal: Goal,
 }
 
 impl Retention {
@@ -53,6 +90,40 @@ impl Retention {
         self.unreachable = yes;
         self
     }
+
+    /// Also keep the best `n` live versions by `metric` (see [`KeepBest`]). Alone
+    /// (`Retention::default().keep_best(..)`) it drops every other version that HEAD, a
+    /// ref or the redo path does not hold.
+    #[must_use]
+    pub fn keep_best(mut self, n: usize, metric: &str, goal: Goal) -> Retention {
+        self.best = Some(KeepBest {
+            n,
+            metric: metric.to_owned(),
+            goal,
+        });
+        self
+    }
+}
+
+impl KeepBest {
+    /// The ids of the best `n` versions among `candidates` (id, metadata), best first.
+    /// O(candidates · log candidates).
+    pub(crate) fn select<'a>(
+        &self,
+        candidates: impl Iterator<Item = (VersionId, &'a Meta)>,
+    ) -> Vec<VersionId> {
+        let mut ranked: Vec<(f64, VersionId)> = candidates
+            .filter_map(|(id, meta)| meta.number(&self.metric).map(|x| (x, id)))
+            .collect();
+        ranked.sort_by(|(xa, ia), (xb, ib)| {
+            let by_value = match self.goal {
+                Goal::Min => xa.total_cmp(xb),
+                Goal::Max => xb.total_cmp(xa),
+            };
+            by_value.then(ia.cmp(ib))
+        });
+        ranked.into_iter().take(self.n).map(|(_, id)| id).collect()
+    }
 }
 
 /// What [`Store::prune`] dropped.
@@ -76,7 +147,8 @@ impl Store {
     /// version, snapshot or working state holds are freed (their buffers may be kept for
     /// reuse, see [`Config::recycle_bytes`](crate::Config::recycle_bytes)).
     ///
-    /// O(versions + refs · N) + O(freed chunks); the byte counts in the result cost
+    /// O(versions + refs · N) + O(versions · log versions) with
+    /// [`best`](Retention::best) + O(freed chunks); the byte counts in the result cost
     /// O(chunks).
     ///
     /// # Errors
@@ -129,6 +201,9 @@ impl Store {
                 }
             }
         }
+        if let Some(best) = &policy.best {
+            keep.extend(best.select(hist.live().map(|(id, n)| (id, &*n.meta))));
+        }
         let mut dropped = Vec::new();
         let live: Vec<VersionId> = hist.live().map(|(id, _)| id).collect();
         for id in live {
@@ -138,7 +213,7 @@ impl Store {
             if policy.every.is_some_and(|k| id.0 % k as u64 == 0) {
                 continue;
             }
-            let outside_window = policy.last.is_some();
+            let outside_window = policy.last.is_some() || policy.best.is_some();
             let unreachable = !reachable.contains(&id);
             if outside_window || (policy.unreachable && unreachable) {
                 dropped.push(id);

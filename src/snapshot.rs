@@ -10,6 +10,7 @@ use crate::element::Element;
 use crate::error::{Error, Result};
 use crate::hash::ContentHash;
 use crate::history::{Vars, VersionId};
+use crate::meta::Meta;
 use crate::tensor::Tensor;
 
 /// A read-only handle to the variables of one version.
@@ -23,6 +24,7 @@ use crate::tensor::Tensor;
 pub struct Snapshot {
     id: Option<VersionId>,
     message: Arc<str>,
+    meta: Arc<Meta>,
     time: Option<SystemTime>,
     vars: Vars,
 }
@@ -31,12 +33,14 @@ impl Snapshot {
     pub(crate) fn new(
         id: Option<VersionId>,
         message: Arc<str>,
+        meta: Arc<Meta>,
         time: Option<SystemTime>,
         vars: Vars,
     ) -> Snapshot {
         Snapshot {
             id,
             message,
+            meta,
             time,
             vars,
         }
@@ -52,6 +56,12 @@ impl Snapshot {
     #[must_use]
     pub fn message(&self) -> &str {
         &self.message
+    }
+
+    /// The metadata recorded with the version (empty for the working state). O(1).
+    #[must_use]
+    pub fn metadata(&self) -> &Meta {
+        &self.meta
     }
 
     /// When the version was committed.
@@ -130,6 +140,7 @@ impl fmt::Debug for Snapshot {
         f.debug_struct("Snapshot")
             .field("id", &self.id)
             .field("message", &self.message)
+            .field("meta", &self.meta)
             .field("variables", &self.vars.len())
             .finish()
     }

@@ -11,6 +11,7 @@ use crate::element::Element;
 use crate::error::{Error, Result};
 use crate::history::{check_ref_name, Head, History, Ref, Vars, VersionId};
 use crate::kernels::Stores;
+use crate::meta::Meta;
 use crate::retention::Retention;
 use crate::snapshot::Snapshot;
 use crate::tensor::{Tensor, WriteCtx, WriteStats, PAR_MIN_BYTES, PAR_MIN_BYTES_COLD};
@@ -363,8 +364,35 @@ impl Store {
     ///
     /// None today; the `Result` leaves room for fallible retention.
     pub fn commit(&mut self, message: &str) -> Result<VersionId> {
+        self.commit_with(message, Meta::new())
+    }
+
+    /// Like [`commit`](Store::commit), recording `meta` (a step, a loss, a learning
+    /// rate) with the version; read it back with [`metadata`](Store::metadata) or
+    /// [`Snapshot::metadata`]. [`log_graph`](Store::log_graph) shows it after the message
+    /// and [`Retention::keep_best`] ranks versions by it.
+    ///
+    /// O(keys) plus what [`commit`](Store::commit) costs.
+    ///
+    /// ```
+    /// # use tensor_history::{Meta, Store, Value};
+    /// # use ndarray::array;
+    /// let mut store = Store::new();
+    /// store.insert("w", &array![1.0f32])?;
+    /// let v0 = store.commit_with("step", Meta::new().with("step", 3).with("loss", 0.12))?;
+    /// assert_eq!(store.metadata(v0)?.get("step"), Some(&Value::Int(3)));
+    /// assert_eq!(store.log_graph(), "* v0 (HEAD -> main) step [loss=0.12 step=3]\n");
+    /// # Ok::<(), tensor_history::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] for a key that is empty or holds white space, control
+    /// characters, `=` or `"` (see [`Meta`]); nothing is recorded then.
+    pub fn commit_with(&mut self, message: &str, meta: Meta) -> Result<VersionId> {
+        meta.validate()?;
         let parents = self.hist.head_id().into_iter().collect();
-        self.commit_vars(parents, message, self.working.clone())
+        self.commit_vars(parents, message, meta, self.working.clone())
     }
 
     /// The current version, `None` before the first commit. O(1).
@@ -631,6 +659,7 @@ impl Store {
         Ok(Snapshot::new(
             Some(id),
             node.message.clone(),
+            node.meta.clone(),
             Some(node.time),
             node.vars.clone(),
         ))
@@ -639,7 +668,7 @@ impl Store {
     /// A read-only handle to the working state as it is now (no id). O(1).
     #[must_use]
     pub fn working_snapshot(&self) -> Snapshot {
-        Snapshot::new(None, "".into(), None, self.working.clone())
+        Snapshot::new(None, "".into(), Arc::default(), None, self.working.clone())
     }
 
     /// The first parent of `id` (`None` for a root). Pruned ancestors are skipped: a
@@ -714,6 +743,16 @@ impl Store {
         Ok(&self.hist.node(id)?.message)
     }
 
+    /// The metadata recorded with version `id` (empty for a plain
+    /// [`commit`](Store::commit)). O(1).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::UnknownVersion`], [`Error::PrunedVersion`].
+    pub fn metadata(&self, id: VersionId) -> Result<&Meta> {
+        Ok(&self.hist.node(id)?.meta)
+    }
+
     /// Record `vars` as a new version with these parents, make it the working state and
     /// move HEAD (and an attached branch) there; clears the redo path and applies
     /// auto-retention.
@@ -721,10 +760,11 @@ impl Store {
         &mut self,
         parents: Vec<VersionId>,
         message: &str,
+        meta: Meta,
         vars: Vars,
     ) -> Result<VersionId> {
         self.working = vars;
-        let id = self.hist.add(parents, message, self.working.clone());
+        let id = self.hist.add(parents, message, meta, self.working.clone());
         self.hist.move_head(id);
         self.hist.redo.clear();
         if let Some(n) = self.config.max_versions {

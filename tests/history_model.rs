@@ -9,7 +9,9 @@ mod model;
 use ndarray::ArrayD;
 use proptest::prelude::*;
 use proptest::test_runner::FileFailurePersistence;
-use tensor_history::{Config, Error, MergeStrategy, Ref, Retention, Store, VersionId};
+use tensor_history::{
+    Config, Error, Goal, MergeStrategy, Meta, Ref, Retention, Store, Value, VersionId,
+};
 
 use model::{
     bits_eq, diff_model, var_unknown, vid, Arr, MHead, MResult, MVars, Model, CHUNK_BYTES, VALUES,
@@ -21,6 +23,19 @@ const VAR_NAMES: [&str; 3] = ["a", "b", "c"];
 const SHAPES: &[&[usize]] = &[&[], &[0], &[5], &[16], &[17], &[40], &[3, 5], &[2, 20]];
 /// The first five are valid ref names, the rest are not.
 const REF_NAMES: [&str; 8] = ["main", "dev", "exp", "v1", "t", "", "HEAD", "a b"];
+/// Losses recorded by commits: none, numbers (with ties, an integer and NaN, which never
+/// ranks) and values that are not numbers.
+const LOSSES: [Option<Value>; 9] = [
+    None,
+    Some(Value::Float(0.5)),
+    Some(Value::Float(0.25)),
+    Some(Value::Float(0.25)),
+    Some(Value::Int(1)),
+    Some(Value::Float(-2.0)),
+    Some(Value::Float(f64::NAN)),
+    Some(Value::Bool(true)),
+    Some(Value::Float(3.0)),
+];
 const WEIGHTS: [f64; 4] = [1.0, 2.0, 0.5, 0.0];
 const STRATEGIES: [MergeStrategy; 4] = [
     MergeStrategy::Fail,
@@ -58,7 +73,10 @@ enum Op {
         shape: usize,
         seed: usize,
     },
-    Commit,
+    /// `commit_with` a `loss` from [`LOSSES`] (or none) and the step number.
+    Commit {
+        loss: usize,
+    },
     /// `tip` picks among the tips of the tree, else any id.
     Restore {
         id: usize,
@@ -98,6 +116,8 @@ enum Op {
         last: Option<usize>,
         every: Option<usize>,
         unreachable: bool,
+        /// Keep the best N by `loss`; `true` for [`Goal::Min`].
+        best: Option<(usize, bool)>,
     },
     /// Restore some version, change a few elements and commit: a new fork of the tree,
     /// so that merges are often true three-way merges. Runs as those three steps.
@@ -128,7 +148,7 @@ impl Op {
                     add: true,
                     out_of_bounds: false,
                 },
-                Op::Commit,
+                Op::Commit { loss: start },
             ],
             _ => vec![self.clone()],
         }
@@ -153,7 +173,7 @@ fn op() -> impl Strategy<Value = Op> {
             }),
         2 => (name.clone(), prop::bool::weighted(0.3), 0..SHAPES.len(), 0..64usize)
             .prop_map(|(name, fresh, shape, seed)| Op::Write { name, fresh, shape, seed }),
-        6 => Just(Op::Commit),
+        6 => (0..LOSSES.len()).prop_map(|loss| Op::Commit { loss }),
         2 => (id.clone(), any::<bool>()).prop_map(|(id, tip)| Op::Restore { id, tip }),
         1 => Just(Op::Discard),
         3 => Just(Op::Undo),
@@ -187,8 +207,9 @@ fn op() -> impl Strategy<Value = Op> {
             prop::option::of(1..4usize),
             prop::option::weighted(0.3, 2..4usize),
             any::<bool>(),
+            prop::option::weighted(0.5, (0..5usize, any::<bool>())),
         )
-            .prop_map(|(last, every, unreachable)| Op::Prune { last, every, unreachable }),
+            .prop_map(|(last, every, unreachable, best)| Op::Prune { last, every, unreachable, best }),
     ]
 }
 
@@ -207,7 +228,7 @@ fn merge_op() -> impl Strategy<Value = Op> {
         1 => (name.clone(), 0..SHAPES.len(), 0..5usize)
             .prop_map(|(name, shape, seed)| Op::Insert { name, shape, seed }),
         1 => name.clone().prop_map(|name| Op::Remove { name }),
-        4 => Just(Op::Commit),
+        4 => (0..LOSSES.len()).prop_map(|loss| Op::Commit { loss }),
         4 => (id.clone(), name.clone(), 0..64usize, 1..VALUES.len())
             .prop_map(|(id, name, start, val)| Op::Fork { id, name, start, val }),
         5 => (id.clone(), prop::bool::weighted(0.9), 0..STRATEGIES.len())
@@ -220,7 +241,7 @@ fn merge_op() -> impl Strategy<Value = Op> {
         1 => Just(Op::Undo),
         1 => Just(Op::Discard),
         1 => (prop::option::of(2..5usize), any::<bool>())
-            .prop_map(|(last, unreachable)| Op::Prune { last, every: None, unreachable }),
+            .prop_map(|(last, unreachable)| Op::Prune { last, every: None, unreachable, best: None }),
     ]
 }
 
@@ -386,12 +407,16 @@ fn apply(store: &mut Store, model: &mut Model, op: &Op, step: usize) -> Result<(
             let got = store.write(name, &arr.to_array());
             agree(op, got.map(|s| s.chunks_changed), want)?;
         }
-        Op::Commit => {
+        Op::Commit { loss } => {
             let message = format!("step {step}");
+            let mut meta = Meta::new().with("step", step as i64);
+            if let Some(v) = &LOSSES[*loss % LOSSES.len()] {
+                meta.insert("loss", v.clone());
+            }
             let parents = model.head_id().into_iter().collect();
             let vars = model.working.clone();
-            let want = model.record(parents, message.clone(), vars);
-            agree(op, store.commit(&message), Ok(vid(want)))?;
+            let want = model.record(parents, message.clone(), meta.clone(), vars);
+            agree(op, store.commit_with(&message, meta), Ok(vid(want)))?;
         }
         Op::Restore { id, tip } => {
             let id = if *tip {
@@ -469,13 +494,18 @@ fn apply(store: &mut Store, model: &mut Model, op: &Op, step: usize) -> Result<(
             last,
             every,
             unreachable,
+            best,
         } => {
             let mut policy = Retention::default().drop_unreachable(*unreachable);
             policy.last = *last;
             if let Some(k) = every {
                 policy = policy.keep_every(*k);
             }
-            let want = model.prune(*last, *every, *unreachable);
+            let best = best.map(|(n, min)| (n, if min { Goal::Min } else { Goal::Max }));
+            if let Some((n, goal)) = best {
+                policy = policy.keep_best(n, "loss", goal);
+            }
+            let want = model.prune(*last, *every, *unreachable, best);
             let got = store.prune(&policy);
             let got = got.map(|s| {
                 (
@@ -550,6 +580,8 @@ fn check(store: &Store, model: &Model) -> Result<(), TestCaseError> {
                     .map_err(|e| TestCaseError::fail(format!("snapshot v{id}: {e}")))?;
                 prop_assert_eq!(snap.id(), Some(vid(id)));
                 prop_assert_eq!(snap.message(), node.message.as_str());
+                prop_assert_eq!(snap.metadata(), &node.meta, "v{}", id);
+                prop_assert_eq!(store.metadata(vid(id)).ok(), Some(&node.meta), "v{}", id);
                 check_contents(
                     &format!("v{id}"),
                     snap.names(),

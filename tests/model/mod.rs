@@ -7,7 +7,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use ndarray::{ArrayD, IxDyn};
-use tensor_history::{Conflict, Diff, Error, MergeStrategy, Ref, TensorDiff, VarDiff, VersionId};
+use tensor_history::{
+    Conflict, Diff, Error, Goal, MergeStrategy, Meta, Ref, TensorDiff, VarDiff, VersionId,
+};
 
 /// 16 `f32` elements per chunk.
 pub const CHUNK_BYTES: usize = 64;
@@ -177,6 +179,7 @@ pub enum MHead {
 pub struct MNode {
     pub parents: Vec<u64>,
     pub message: String,
+    pub meta: Meta,
     pub vars: MVars,
 }
 
@@ -300,18 +303,19 @@ impl Model {
     }
 
     /// Record a version, make it the working state and HEAD, clear redo, auto-retain.
-    pub fn record(&mut self, parents: Vec<u64>, message: String, vars: MVars) -> u64 {
+    pub fn record(&mut self, parents: Vec<u64>, message: String, meta: Meta, vars: MVars) -> u64 {
         let id = self.nodes.len() as u64;
         self.nodes.push(Some(MNode {
             parents,
             message,
+            meta,
             vars: vars.clone(),
         }));
         self.working = vars;
         self.move_head(id);
         self.redo.clear();
         if let Some(n) = self.max_versions {
-            self.prune(Some(n), None, true);
+            self.prune(Some(n), None, true, None);
         }
         id
     }
@@ -342,11 +346,43 @@ impl Model {
         self.redo.retain(|r| *r != id);
     }
 
+    /// The best `n` live versions by their numeric, non-NaN `loss`, written naively: a
+    /// version is among them when fewer than `n` others beat it (a better value, or an
+    /// equal value and an older id).
+    pub fn best_by_loss(&self, n: usize, goal: Goal) -> BTreeSet<u64> {
+        let scored: Vec<(u64, f64)> = self
+            .live()
+            .into_iter()
+            .filter_map(|id| {
+                let v = self.node(id).unwrap().meta.get("loss")?.as_f64()?;
+                (!v.is_nan()).then_some((id, v))
+            })
+            .collect();
+        scored
+            .iter()
+            .filter(|(id, v)| {
+                let beaten_by = scored
+                    .iter()
+                    .filter(|(oid, ov)| {
+                        let better = match goal {
+                            Goal::Min => ov < v,
+                            Goal::Max => ov > v,
+                        };
+                        better || (ov == v && oid < id)
+                    })
+                    .count();
+                beaten_by < n
+            })
+            .map(|(id, _)| *id)
+            .collect()
+    }
+
     pub fn prune(
         &mut self,
         last: Option<usize>,
         every: Option<usize>,
         unreachable: bool,
+        best: Option<(usize, Goal)>,
     ) -> Vec<u64> {
         // Always kept: HEAD, every ref's version, the redo path.
         let mut roots: Vec<u64> = self.refs.values().map(|r| r.target().0).collect();
@@ -375,12 +411,16 @@ impl Model {
                 }
             }
         }
+        if let Some((n, goal)) = best {
+            keep.extend(self.best_by_loss(n, goal));
+        }
+        let bounded = last.is_some() || best.is_some();
         let dropped: Vec<u64> = self
             .live()
             .into_iter()
             .filter(|id| !keep.contains(id))
             .filter(|id| every.is_none_or(|k| id % k as u64 != 0))
-            .filter(|id| last.is_some() || (unreachable && !reachable.contains(id)))
+            .filter(|id| bounded || (unreachable && !reachable.contains(id)))
             .collect();
         for id in &dropped {
             self.remove(*id);
@@ -596,7 +636,7 @@ impl Model {
             return Err(Error::MergeConflict { conflicts });
         }
         let message = format!("merge v{other} into v{head}");
-        Ok(self.record(vec![head, other], message, merged))
+        Ok(self.record(vec![head, other], message, Meta::new(), merged))
     }
 
     pub fn average(&mut self, ids: &[u64], weights: Option<&[f64]>) -> MResult<u64> {
@@ -642,6 +682,6 @@ impl Model {
         }
         let list: Vec<String> = ids.iter().map(|i| format!("v{i}")).collect();
         let message = format!("average of {}", list.join(", "));
-        Ok(self.record(parents, message, out))
+        Ok(self.record(parents, message, Meta::new(), out))
     }
 }
