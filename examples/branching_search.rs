@@ -18,7 +18,7 @@ use std::fmt;
 use std::path::PathBuf;
 
 use common::{Dataset, Flags, SplitMix64};
-use tensor_history::{Retention, Stats, Store, VersionId};
+use tensor_history::{Meta, Retention, Stats, Store, VersionId};
 
 const USAGE: &str =
     "usage: branching_search [--hidden N] [--variants N] [--epochs N] [--seed N] [--dot PATH]";
@@ -184,9 +184,24 @@ pub fn run(opts: &Opts) -> common::Result<Report> {
             store.checkout(&v.branch)?;
             for e in 1..=opts.epochs {
                 train_epoch(&mut store, &train, v.lr, r)?;
-                store.commit(&format!("lr={} seed={} epoch {}", v.lr, v.seed, epoch + e))?;
+                let mut meta = Meta::new()
+                    .with("epoch", (epoch + e) as i64)
+                    .with("lr", v.lr)
+                    .with("seed", v.seed as i64);
+                if e == opts.epochs {
+                    meta.insert("heldout_loss", common::evaluate(&store, &heldout)?.0);
+                }
+                store.commit_with(
+                    &format!("lr={} seed={} epoch {}", v.lr, v.seed, epoch + e),
+                    meta,
+                )?;
             }
-            v.losses.push(common::evaluate(&store, &heldout)?.0);
+        }
+        // Read each branch's held-out loss back from the metadata of its tip.
+        for v in &mut alive {
+            let tip = store.resolve(&v.branch)?;
+            let loss = store.metadata(tip)?.number("heldout_loss");
+            v.losses.push(loss.map_or(f32::NAN, |l| l as f32));
         }
         epoch += opts.epochs;
         if alive.len() <= 2 {

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use common::{Flags, SplitMix64};
 use ndarray::{s, Array2};
-use tensor_history::{Store, DEFAULT_CHUNK_BYTES};
+use tensor_history::{Meta, Store, DEFAULT_CHUNK_BYTES};
 
 const USAGE: &str = "usage: sparse_finetune [--rows N] [--touch N] [--steps N] [--chunk-kib N] \
                      [--seed N]";
@@ -166,7 +166,10 @@ pub fn run(opts: &Opts) -> common::Result<Report> {
         }
         m.store_update = start.elapsed();
         let start = Instant::now();
-        store.commit(&format!("step {step}: {} rows", ids.len()))?;
+        let meta = Meta::new()
+            .with("step", step as i64)
+            .with("rows", ids.len() as i64);
+        store.commit_with(&format!("step {step}: {} rows", ids.len()), meta)?;
         m.store_commit = start.elapsed();
         m.store_new_bytes = store.stats().unique_bytes.saturating_sub(before);
 

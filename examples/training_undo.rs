@@ -20,7 +20,7 @@ use std::fmt;
 use std::time::{Duration, Instant};
 
 use common::{Dataset, Flags, Params, SplitMix64, Weights};
-use tensor_history::{Config, Store};
+use tensor_history::{Config, Meta, Store};
 
 const USAGE: &str = "usage: training_undo [--hidden N] [--steps N] [--seed N]";
 
@@ -155,8 +155,8 @@ trait Undo {
     fn begin(&mut self, t: &mut Timings) -> common::Result<()>;
     /// Apply `w = w - lr * g` to every parameter.
     fn update(&mut self, grads: &Weights, lr: f32, t: &mut Timings) -> common::Result<()>;
-    /// Keep the step.
-    fn keep(&mut self, t: &mut Timings) -> common::Result<()>;
+    /// Keep the step (the store records its held-out loss and learning rate with it).
+    fn keep(&mut self, loss: f32, lr: f32, t: &mut Timings) -> common::Result<()>;
     /// Take the step back.
     fn revert(&mut self, t: &mut Timings) -> common::Result<()>;
     /// Bytes held for old values right now.
@@ -192,7 +192,7 @@ impl Undo for DeepCopy {
         t.update += start.elapsed();
         Ok(())
     }
-    fn keep(&mut self, t: &mut Timings) -> common::Result<()> {
+    fn keep(&mut self, _loss: f32, _lr: f32, t: &mut Timings) -> common::Result<()> {
         let start = Instant::now();
         self.backup = None;
         t.snapshot += start.elapsed();
@@ -240,9 +240,10 @@ impl Undo for History {
         self.copied += copied;
         Ok(())
     }
-    fn keep(&mut self, t: &mut Timings) -> common::Result<()> {
+    fn keep(&mut self, loss: f32, lr: f32, t: &mut Timings) -> common::Result<()> {
         let start = Instant::now();
-        self.store.commit("accepted step")?;
+        let meta = Meta::new().with("heldout_loss", loss).with("lr", lr);
+        self.store.commit_with("accepted step", meta)?;
         t.snapshot += start.elapsed();
         Ok(())
     }
@@ -298,7 +299,7 @@ fn train(
         peak = peak.max(model.old_bytes());
         let (loss, _) = common::evaluate(model.params(), &data.heldout)?;
         if loss <= best {
-            model.keep(&mut time)?;
+            model.keep(loss, lr, &mut time)?;
             best = loss;
             lr *= opts.lr_grow;
             accepted += 1;

@@ -118,10 +118,21 @@ value_from! {
     i32 => Int(i64::from),
     u32 => Int(i64::from),
     f64 => Float(f64::from),
-    f32 => Float(f64::from),
     bool => Bool(bool::from),
     String => Str(String::from),
     &str => Str(String::from),
+}
+
+/// An `f32` becomes the `f64` nearest its shortest decimal form, so `0.1f32` is recorded
+/// (and shown) as `0.1`, not as `0.10000000149011612`.
+impl From<f32> for Value {
+    fn from(v: f32) -> Value {
+        Value::Float(if v.is_finite() {
+            v.to_string().parse().unwrap_or(f64::from(v))
+        } else {
+            f64::from(v)
+        })
+    }
 }
 
 /// The metadata of one version: named [`Value`]s, sorted by name.

@@ -295,3 +295,12 @@ fn keep_best_of_a_missing_metric_keeps_only_what_refs_hold() {
         .unwrap();
     assert_eq!(store.versions(), vec![ids[0], ids[2]]);
 }
+
+#[test]
+fn f32_values_are_recorded_by_their_shortest_decimal_form() {
+    assert_eq!(Value::from(0.1f32), Value::Float(0.1));
+    assert_eq!(Value::from(3.0e-4f32), Value::Float(3.0e-4));
+    assert_eq!(Value::from(f32::INFINITY), Value::Float(f64::INFINITY));
+    assert!(matches!(Value::from(f32::NAN), Value::Float(x) if x.is_nan()));
+    assert_eq!(Meta::new().with("lr", 0.05f32).to_string(), "lr=0.05");
+}
