@@ -124,6 +124,8 @@ pub use history::{Ref, VersionId};
 pub use merge::MergeStrategy;
 pub use meta::{Meta, Value};
 pub use repo::backend::{is_not_found, Backend, Bytes, ObjectInfo, PutOutcome};
+#[cfg(feature = "s3")]
+pub use repo::backend::{ObjectStoreBackend, ObjectStoreOptions, RequestStats, MIN_PART_SIZE};
 pub use retention::{Goal, KeepBest, PruneStats, Retention};
 pub use snapshot::Snapshot;
 pub use stats::Stats;

@@ -26,6 +26,11 @@ use std::time::SystemTime;
 
 use crate::error::{Error, Result};
 
+#[cfg(feature = "s3")]
+mod object;
+#[cfg(feature = "s3")]
+pub use object::{ObjectStoreBackend, ObjectStoreOptions, RequestStats, MIN_PART_SIZE};
+
 /// What a create-if-absent write found.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PutOutcome {

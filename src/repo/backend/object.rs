@@ -1,0 +1,768 @@
+//! [`ObjectStoreBackend`]: a repository on S3-compatible object storage (feature `s3`).
+//!
+//! The [`Backend`] trait is synchronous; `object_store` is async. The backend owns a
+//! private tokio runtime and runs every request on it, so callers need no runtime of
+//! their own, and a caller that *is* inside a tokio runtime (an async web handler, a
+//! `#[tokio::main]` program) does not hit tokio's "cannot block inside a runtime" panic:
+//! there the request is spawned on the private runtime and the calling thread waits for
+//! its result.
+//!
+//! # Requests
+//!
+//! | trait call | requests |
+//! | --- | --- |
+//! | `get` | one GET |
+//! | `get_range` | one ranged GET (`Range: bytes=a-b`) |
+//! | `put` up to `part_size` | one PUT |
+//! | `put` above `part_size` | multipart: one POST, one PUT per part (up to `max_concurrent_parts` at once), one POST |
+//! | `put_if_absent` | one PUT with `If-None-Match: *`; if the object exists, one GET to tell a lost response of our own write from another writer's object |
+//! | `list` | one GET per 1,000 keys |
+//! | `delete` | one DELETE |
+//! | `barrier` | none: an acknowledged PUT is already durable |
+//!
+//! Transient failures (connection errors, 5xx, 429, timeouts of idempotent requests) are
+//! retried by `object_store` with exponential backoff, at most
+//! [`ObjectStoreOptions::max_retries`] times and never past
+//! [`ObjectStoreOptions::retry_timeout`]; then the call fails with [`Error::Io`].
+
+use std::future::Future;
+use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Once};
+use std::time::Duration;
+
+use futures_util::TryStreamExt;
+use object_store::aws::AmazonS3Builder;
+use object_store::client::{HttpClient, HttpConnector, HttpError, HttpRequest, HttpResponse};
+use object_store::client::{HttpService, ReqwestConnector};
+use object_store::path::Path;
+use object_store::{
+    BackoffConfig, ClientOptions, GetOptions, GetRange, ObjectStore, ObjectStoreExt, PutMode,
+    PutOptions, PutPayload, RetryConfig, WriteMultipart,
+};
+
+use super::{Backend, Bytes, ObjectInfo, PutOutcome};
+use crate::error::{Error, Result};
+
+/// The smallest part S3 accepts in a multipart upload (all parts but the last).
+pub const MIN_PART_SIZE: usize = 5 << 20;
+
+/// Tuning of an [`ObjectStoreBackend`]. `Default` suits S3 and S3-compatible servers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ObjectStoreOptions {
+    /// Objects larger than this go up as a multipart upload of parts of this size.
+    /// At least [`MIN_PART_SIZE`]. Default 8 MiB.
+    pub part_size: usize,
+    /// Parts of one multipart upload in flight at once. Default 4.
+    pub max_concurrent_parts: usize,
+    /// Retries of one request after a transient failure. Default 5.
+    pub max_retries: usize,
+    /// No retry starts this long after the first attempt. Default 60 s.
+    pub retry_timeout: Duration,
+    /// The first backoff; each next one doubles, up to `max_backoff`. Default 100 ms.
+    pub initial_backoff: Duration,
+    /// The longest backoff between two attempts. Default 5 s.
+    pub max_backoff: Duration,
+}
+
+impl Default for ObjectStoreOptions {
+    fn default() -> ObjectStoreOptions {
+        ObjectStoreOptions {
+            part_size: 8 << 20,
+            max_concurrent_parts: 4,
+            max_retries: 5,
+            retry_timeout: Duration::from_secs(60),
+            initial_backoff: Duration::from_millis(100),
+            max_backoff: Duration::from_secs(5),
+        }
+    }
+}
+
+impl ObjectStoreOptions {
+    fn validate(&self) -> Result<()> {
+        if self.part_size < MIN_PART_SIZE {
+            return Err(Error::InvalidArgument {
+                reason: format!(
+                    "part_size {} is below the {MIN_PART_SIZE}-byte minimum of S3 multipart uploads",
+                    self.part_size
+                ),
+            });
+        }
+        if self.max_concurrent_parts == 0 {
+            return Err(Error::InvalidArgument {
+                reason: "max_concurrent_parts must be at least 1".into(),
+            });
+        }
+        Ok(())
+    }
+
+    fn retry_config(&self) -> RetryConfig {
+        RetryConfig {
+            backoff: BackoffConfig {
+                init_backoff: self.initial_backoff,
+                max_backoff: self.max_backoff,
+                base: 2.0,
+            },
+            max_retries: self.max_retries,
+            retry_timeout: self.retry_timeout,
+        }
+    }
+}
+
+/// HTTP requests an [`ObjectStoreBackend`] has sent (retries included), counted on the
+/// wire, and the bytes of request and response bodies.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RequestStats {
+    /// GET requests for object data (whole or ranged).
+    pub gets: u64,
+    /// List requests (GET with `list-type`).
+    pub lists: u64,
+    /// PUT requests (single objects and multipart parts).
+    pub puts: u64,
+    /// POST requests (multipart create and complete).
+    pub posts: u64,
+    /// HEAD requests.
+    pub heads: u64,
+    /// DELETE requests.
+    pub deletes: u64,
+    /// Bytes of request bodies sent.
+    pub bytes_sent: u64,
+    /// Bytes of object data received by `get` and `get_range`.
+    pub bytes_received: u64,
+}
+
+impl RequestStats {
+    /// All requests together.
+    #[must_use]
+    pub fn requests(&self) -> u64 {
+        self.gets + self.lists + self.puts + self.posts + self.heads + self.deletes
+    }
+
+    /// The requests and bytes of `self` not yet counted in `earlier`.
+    #[must_use]
+    pub fn since(&self, earlier: &RequestStats) -> RequestStats {
+        RequestStats {
+            gets: self.gets - earlier.gets,
+            lists: self.lists - earlier.lists,
+            puts: self.puts - earlier.puts,
+            posts: self.posts - earlier.posts,
+            heads: self.heads - earlier.heads,
+            deletes: self.deletes - earlier.deletes,
+            bytes_sent: self.bytes_sent - earlier.bytes_sent,
+            bytes_received: self.bytes_received - earlier.bytes_received,
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    gets: AtomicU64,
+    lists: AtomicU64,
+    puts: AtomicU64,
+    posts: AtomicU64,
+    heads: AtomicU64,
+    deletes: AtomicU64,
+    bytes_sent: AtomicU64,
+    bytes_received: AtomicU64,
+}
+
+impl Counters {
+    fn snapshot(&self) -> RequestStats {
+        let r = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        RequestStats {
+            gets: r(&self.gets),
+            lists: r(&self.lists),
+            puts: r(&self.puts),
+            posts: r(&self.posts),
+            heads: r(&self.heads),
+            deletes: r(&self.deletes),
+            bytes_sent: r(&self.bytes_sent),
+            bytes_received: r(&self.bytes_received),
+        }
+    }
+}
+
+/// Counts each HTTP request as it goes on the wire, then sends it with reqwest.
+#[derive(Debug)]
+struct CountingService {
+    inner: HttpClient,
+    counters: Arc<Counters>,
+}
+
+#[async_trait::async_trait]
+impl HttpService for CountingService {
+    async fn call(&self, req: HttpRequest) -> std::result::Result<HttpResponse, HttpError> {
+        let c = &self.counters;
+        let counter = match req.method().as_str() {
+            "GET" if req.uri().query().is_some_and(|q| q.contains("list-type")) => &c.lists,
+            "GET" => &c.gets,
+            "PUT" => &c.puts,
+            "POST" => &c.posts,
+            "HEAD" => &c.heads,
+            "DELETE" => &c.deletes,
+            _ => &c.gets,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        c.bytes_sent
+            .fetch_add(req.body().content_length() as u64, Ordering::Relaxed);
+        self.inner.execute(req).await
+    }
+}
+
+#[derive(Debug)]
+struct CountingConnector {
+    counters: Arc<Counters>,
+}
+
+impl HttpConnector for CountingConnector {
+    fn connect(&self, options: &ClientOptions) -> object_store::Result<HttpClient> {
+        let inner = ReqwestConnector::default().connect(options)?;
+        Ok(HttpClient::new(CountingService {
+            inner,
+            counters: Arc::clone(&self.counters),
+        }))
+    }
+}
+
+/// A repository's objects in a bucket of S3-compatible object storage, under a key prefix.
+///
+/// Synchronous, with a private tokio runtime (see the module docs); safe to share between
+/// threads and to call from inside another tokio runtime. Keys map to object names
+/// `<prefix>/<key>`.
+///
+/// `put_if_absent` is S3's conditional PUT (`If-None-Match: *`): of concurrent writers of
+/// one key exactly one creates it. When the answer to our own successful PUT is lost and
+/// the retry finds the object, the object is read back: if it holds exactly our bytes the
+/// outcome is `Created` (the bytes a caller wanted are there, whoever wrote them).
+pub struct ObjectStoreBackend {
+    store: Arc<dyn ObjectStore>,
+    /// `""` or a prefix ending in `/`.
+    prefix: String,
+    location: String,
+    options: ObjectStoreOptions,
+    counters: Arc<Counters>,
+    /// `Some` until drop.
+    runtime: Option<tokio::runtime::Runtime>,
+}
+
+impl std::fmt::Debug for ObjectStoreBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ObjectStoreBackend")
+            .field("location", &self.location)
+            .field("options", &self.options)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for ObjectStoreBackend {
+    fn drop(&mut self) {
+        // Dropping a runtime blocks until its tasks end, which panics inside another
+        // runtime; nothing of ours is in flight when the backend is dropped.
+        if let Some(rt) = self.runtime.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+/// Split `s3://bucket/prefix` into the bucket and a prefix that is empty or ends in `/`.
+fn parse_s3_url(url: &str) -> Result<(String, String)> {
+    let invalid = |why: &str| Error::InvalidArgument {
+        reason: format!("`{url}` is not an S3 location ({why}); expected s3://bucket/prefix"),
+    };
+    let rest = url
+        .strip_prefix("s3://")
+        .ok_or_else(|| invalid("no s3:// scheme"))?;
+    let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+    if bucket.is_empty() {
+        return Err(invalid("no bucket"));
+    }
+    let prefix = prefix.trim_matches('/');
+    if prefix.split('/').any(|s| s == "." || s == "..") || prefix.contains("//") {
+        return Err(invalid("`.`, `..` or an empty segment in the prefix"));
+    }
+    let prefix = if prefix.is_empty() {
+        String::new()
+    } else {
+        format!("{prefix}/")
+    };
+    Ok((bucket.to_owned(), prefix))
+}
+
+/// Install `ring` as the process's rustls provider unless one is installed already
+/// (reqwest is built without a provider of its own).
+fn install_tls_provider() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        // An Err means another provider is already the default: that one is used.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    });
+}
+
+impl ObjectStoreBackend {
+    /// The repository at `s3://bucket/prefix`, configured from the environment:
+    /// `AWS_ENDPOINT_URL` (for S3-compatible servers), `AWS_ACCESS_KEY_ID`,
+    /// `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`, `AWS_REGION`, `AWS_ALLOW_HTTP=true`
+    /// (plain HTTP, for a local test server) and the other `AWS_*` variables
+    /// `object_store` reads. No request is sent. O(1).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] for a malformed URL; [`Error::Io`] if the client cannot
+    /// be configured (a malformed variable, no region).
+    pub fn open(url: &str) -> Result<ObjectStoreBackend> {
+        ObjectStoreBackend::open_with(url, ObjectStoreOptions::default())
+    }
+
+    /// [`open`](ObjectStoreBackend::open) with explicit tuning. O(1).
+    ///
+    /// # Errors
+    ///
+    /// As `open`, and [`Error::InvalidArgument`] for options out of range.
+    pub fn open_with(url: &str, options: ObjectStoreOptions) -> Result<ObjectStoreBackend> {
+        options.validate()?;
+        let (bucket, prefix) = parse_s3_url(url)?;
+        install_tls_provider();
+        let counters = Arc::new(Counters::default());
+        let mut builder = AmazonS3Builder::from_env()
+            .with_bucket_name(&bucket)
+            .with_retry(options.retry_config())
+            .with_http_connector(CountingConnector {
+                counters: Arc::clone(&counters),
+            });
+        if std::env::var_os("AWS_REGION").is_none()
+            && std::env::var_os("AWS_DEFAULT_REGION").is_none()
+        {
+            builder = builder.with_region("us-east-1");
+        }
+        let store = builder.build().map_err(|e| io_error(url, &e))?;
+        let location = format!("s3://{bucket}/{}", prefix.trim_end_matches('/'));
+        let location = location.trim_end_matches('/').to_owned();
+        ObjectStoreBackend::with_parts(Arc::new(store), prefix, location, options, counters)
+    }
+
+    /// A backend over any `object_store` store (GCS, Azure, a local file system, memory),
+    /// with keys under `prefix`. Requests are counted only for stores built by
+    /// [`open`](ObjectStoreBackend::open). O(1).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] for options out of range or a prefix with `.`, `..` or
+    /// empty segments; [`Error::Io`] if the runtime cannot start.
+    pub fn from_object_store(
+        store: Arc<dyn ObjectStore>,
+        prefix: &str,
+        location: &str,
+        options: ObjectStoreOptions,
+    ) -> Result<ObjectStoreBackend> {
+        options.validate()?;
+        let (_, prefix) = parse_s3_url(&format!("s3://b/{prefix}"))?;
+        ObjectStoreBackend::with_parts(
+            store,
+            prefix,
+            location.to_owned(),
+            options,
+            Arc::new(Counters::default()),
+        )
+    }
+
+    fn with_parts(
+        store: Arc<dyn ObjectStore>,
+        prefix: String,
+        location: String,
+        options: ObjectStoreOptions,
+        counters: Arc<Counters>,
+    ) -> Result<ObjectStoreBackend> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("tensor-history-s3")
+            .enable_all()
+            .build()
+            .map_err(|e| Error::Io {
+                path: location.clone(),
+                kind: e.kind(),
+                message: format!("cannot start the I/O runtime: {e}"),
+            })?;
+        Ok(ObjectStoreBackend {
+            store,
+            prefix,
+            location,
+            options,
+            counters,
+            runtime: Some(runtime),
+        })
+    }
+
+    /// Requests sent and bytes moved so far (a snapshot of atomic counters). O(1).
+    #[must_use]
+    pub fn stats(&self) -> RequestStats {
+        self.counters.snapshot()
+    }
+
+    /// The tuning in use. O(1).
+    #[must_use]
+    pub fn options(&self) -> &ObjectStoreOptions {
+        &self.options
+    }
+
+    fn path(&self, key: &str) -> Result<Path> {
+        let full = format!("{}{key}", self.prefix);
+        Path::parse(&full)
+            .map_err(|e| Error::Io {
+                path: self.url(key),
+                kind: std::io::ErrorKind::InvalidInput,
+                message: format!("not a valid object key: {e}"),
+            })
+            .and_then(|p| {
+                if key.is_empty() || key.ends_with('/') {
+                    Err(Error::Io {
+                        path: self.url(key),
+                        kind: std::io::ErrorKind::InvalidInput,
+                        message: "not a valid object key: empty or ending in `/`".into(),
+                    })
+                } else {
+                    Ok(p)
+                }
+            })
+    }
+
+    fn url(&self, key: &str) -> String {
+        format!("{}/{key}", self.location)
+    }
+
+    /// Run `fut` to completion on the private runtime, from any thread.
+    fn run<T: Send + 'static>(
+        &self,
+        key: &str,
+        fut: impl Future<Output = Result<T>> + Send + 'static,
+    ) -> Result<T> {
+        let rt = self.runtime.as_ref().expect("the runtime lives until drop");
+        if tokio::runtime::Handle::try_current().is_err() {
+            return rt.block_on(fut);
+        }
+        // Inside some runtime: `block_on` would panic. Run the future on ours and wait
+        // for it on this thread (a plain channel, which does not need a runtime).
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        rt.spawn(async move {
+            let _ = tx.send(fut.await);
+        });
+        rx.recv().unwrap_or_else(|_| {
+            Err(Error::Io {
+                path: self.url(key),
+                kind: std::io::ErrorKind::Other,
+                message: "the request task ended without a result".into(),
+            })
+        })
+    }
+
+    fn received(&self, n: usize) {
+        self.counters
+            .bytes_received
+            .fetch_add(n as u64, Ordering::Relaxed);
+    }
+
+    /// Put the concatenation of `parts`: one PUT, or a multipart upload above
+    /// `part_size`.
+    fn put_pieces(&self, key: &str, parts: &[&[u8]]) -> Result<()> {
+        let total: usize = parts.iter().map(|p| p.len()).sum();
+        if total > self.options.part_size {
+            return self.put_multipart(key, parts);
+        }
+        let path = self.path(key)?;
+        let url = self.url(key);
+        let store = Arc::clone(&self.store);
+        let payload: PutPayload = parts
+            .iter()
+            .map(|p| bytes::Bytes::copy_from_slice(p))
+            .collect();
+        self.run(key, async move {
+            store
+                .put(&path, payload)
+                .await
+                .map(|_| ())
+                .map_err(|e| io_error(&url, &e))
+        })
+    }
+
+    fn put_multipart(&self, key: &str, parts: &[&[u8]]) -> Result<()> {
+        let path = self.path(key)?;
+        let url = self.url(key);
+        let store = Arc::clone(&self.store);
+        let part_size = self.options.part_size;
+        let concurrency = self.options.max_concurrent_parts;
+        // Copy into part-sized owned buffers (the upload tasks outlive this borrow).
+        let mut owned: Vec<bytes::Bytes> = Vec::new();
+        let mut cur = Vec::with_capacity(part_size);
+        for part in parts {
+            let mut p = *part;
+            while !p.is_empty() {
+                let n = (part_size - cur.len()).min(p.len());
+                cur.extend_from_slice(&p[..n]);
+                p = &p[n..];
+                if cur.len() == part_size {
+                    owned.push(std::mem::replace(&mut cur, Vec::with_capacity(part_size)).into());
+                }
+            }
+        }
+        if !cur.is_empty() {
+            owned.push(cur.into());
+        }
+        self.run(key, async move {
+            let upload = store
+                .put_multipart(&path)
+                .await
+                .map_err(|e| io_error(&url, &e))?;
+            let mut writer = WriteMultipart::new_with_chunk_size(upload, part_size);
+            for part in owned {
+                if let Err(e) = writer.wait_for_capacity(concurrency).await {
+                    let _ = writer.abort().await;
+                    return Err(io_error(&url, &e));
+                }
+                writer.put(part);
+            }
+            writer.finish().await.map_err(|e| io_error(&url, &e))?;
+            Ok(())
+        })
+    }
+}
+
+/// `object_store`'s error as [`Error::Io`] with the matching kind.
+fn io_error(url: &str, e: &object_store::Error) -> Error {
+    use std::io::ErrorKind;
+    let kind =
+        match e {
+            object_store::Error::NotFound { .. } => ErrorKind::NotFound,
+            object_store::Error::AlreadyExists { .. }
+            | object_store::Error::Precondition { .. } => ErrorKind::AlreadyExists,
+            object_store::Error::PermissionDenied { .. }
+            | object_store::Error::Unauthenticated { .. } => ErrorKind::PermissionDenied,
+            object_store::Error::NotSupported { .. }
+            | object_store::Error::NotImplemented { .. } => ErrorKind::Unsupported,
+            object_store::Error::InvalidPath { .. }
+            | object_store::Error::UnknownConfigurationKey { .. } => ErrorKind::InvalidInput,
+            _ => ErrorKind::Other,
+        };
+    Error::Io {
+        path: url.to_owned(),
+        kind,
+        message: e.to_string(),
+    }
+}
+
+fn eof(url: &str, range: &Range<u64>, size: u64) -> Error {
+    Error::Io {
+        path: url.to_owned(),
+        kind: std::io::ErrorKind::UnexpectedEof,
+        message: format!("range {range:?} outside an object of {size} bytes"),
+    }
+}
+
+/// `b` as [`Bytes`], without a copy when it is 8-byte aligned (so chunk data can be
+/// viewed as typed slices), else copied into an aligned buffer.
+fn to_bytes(b: bytes::Bytes) -> Bytes {
+    if (b.as_ptr() as usize).is_multiple_of(8) {
+        Bytes::new(Arc::new(b))
+    } else {
+        let mut words = vec![0u64; b.len().div_ceil(8)];
+        bytemuck::cast_slice_mut::<u64, u8>(&mut words)[..b.len()].copy_from_slice(&b);
+        let len = b.len();
+        Bytes::new(Arc::new(AlignedWords { words, len }))
+    }
+}
+
+struct AlignedWords {
+    words: Vec<u64>,
+    len: usize,
+}
+
+impl AsRef<[u8]> for AlignedWords {
+    fn as_ref(&self) -> &[u8] {
+        &bytemuck::cast_slice(&self.words)[..self.len]
+    }
+}
+
+impl Backend for ObjectStoreBackend {
+    fn get(&self, key: &str) -> Result<Bytes> {
+        let path = self.path(key)?;
+        let url = self.url(key);
+        let store = Arc::clone(&self.store);
+        let b = self.run(key, async move {
+            let r = store.get(&path).await.map_err(|e| io_error(&url, &e))?;
+            r.bytes().await.map_err(|e| io_error(&url, &e))
+        })?;
+        self.received(b.len());
+        Ok(to_bytes(b))
+    }
+
+    fn get_range(&self, key: &str, range: Range<u64>) -> Result<Bytes> {
+        let path = self.path(key)?;
+        let url = self.url(key);
+        if range.start > range.end {
+            return Err(eof(&url, &range, 0));
+        }
+        let store = Arc::clone(&self.store);
+        let want = range.clone();
+        let b = self.run(key, async move {
+            if want.is_empty() {
+                // S3 cannot serve an empty range; check the object and its size instead.
+                let meta = store.head(&path).await.map_err(|e| io_error(&url, &e))?;
+                if want.end > meta.size {
+                    return Err(eof(&url, &want, meta.size));
+                }
+                return Ok(bytes::Bytes::new());
+            }
+            let opts = GetOptions::new().with_range(Some(GetRange::Bounded(want.clone())));
+            let got = match store.get_opts(&path, opts).await {
+                Ok(r) => r.bytes().await,
+                Err(e) => Err(e),
+            };
+            match got {
+                Ok(b) if b.len() as u64 == want.end - want.start => Ok(b),
+                Ok(b) => Err(eof(&url, &want, want.start + b.len() as u64)),
+                Err(e @ object_store::Error::NotFound { .. }) => Err(io_error(&url, &e)),
+                Err(e) => {
+                    // A range past the end fails in server-specific ways (416, a short
+                    // body); the object's size tells an out-of-range read apart.
+                    match store.head(&path).await {
+                        Ok(meta) if want.end > meta.size => Err(eof(&url, &want, meta.size)),
+                        _ => Err(io_error(&url, &e)),
+                    }
+                }
+            }
+        })?;
+        self.received(b.len());
+        Ok(to_bytes(b))
+    }
+
+    fn put(&self, key: &str, data: &[u8]) -> Result<()> {
+        self.put_pieces(key, &[data])
+    }
+
+    fn put_if_absent(&self, key: &str, data: &[u8]) -> Result<PutOutcome> {
+        let path = self.path(key)?;
+        let url = self.url(key);
+        let store = Arc::clone(&self.store);
+        let mine = bytes::Bytes::copy_from_slice(data);
+        self.run(key, async move {
+            let opts = PutOptions::from(PutMode::Create);
+            match store.put_opts(&path, mine.clone().into(), opts).await {
+                Ok(_) => Ok(PutOutcome::Created),
+                Err(
+                    object_store::Error::AlreadyExists { .. }
+                    | object_store::Error::Precondition { .. },
+                ) => {
+                    // Either another writer's object, or ours whose answer was lost and
+                    // whose retry then found it. The bytes tell.
+                    let r = store.get(&path).await.map_err(|e| io_error(&url, &e))?;
+                    let theirs = r.bytes().await.map_err(|e| io_error(&url, &e))?;
+                    Ok(if theirs == mine {
+                        PutOutcome::Created
+                    } else {
+                        PutOutcome::AlreadyExists
+                    })
+                }
+                Err(e) => Err(io_error(&url, &e)),
+            }
+        })
+    }
+
+    fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>> {
+        let url = self.url(prefix);
+        let full = format!("{}{prefix}", self.prefix);
+        // object_store lists by directory; list the deepest directory of the prefix and
+        // keep the keys that start with the whole prefix.
+        let dir = match full.rfind('/') {
+            Some(i) => &full[..i],
+            None => "",
+        };
+        let dir = if dir.is_empty() {
+            None
+        } else {
+            Some(Path::parse(dir).map_err(|e| Error::Io {
+                path: url.clone(),
+                kind: std::io::ErrorKind::InvalidInput,
+                message: format!("not a valid key prefix: {e}"),
+            })?)
+        };
+        let store = Arc::clone(&self.store);
+        let metas = self.run(prefix, async move {
+            store
+                .list(dir.as_ref())
+                .try_collect::<Vec<_>>()
+                .await
+                .map_err(|e| io_error(&url, &e))
+        })?;
+        Ok(metas
+            .into_iter()
+            .filter_map(|m| {
+                let name = m.location.as_ref();
+                let key = name.strip_prefix(self.prefix.as_str())?;
+                key.starts_with(prefix).then(|| ObjectInfo {
+                    key: key.to_owned(),
+                    size: m.size,
+                    modified: Some(m.last_modified.into()),
+                })
+            })
+            .collect())
+    }
+
+    fn delete(&self, key: &str) -> Result<()> {
+        let path = self.path(key)?;
+        let url = self.url(key);
+        let store = Arc::clone(&self.store);
+        self.run(key, async move {
+            match store.delete(&path).await {
+                Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+                Err(e) => Err(io_error(&url, &e)),
+            }
+        })
+    }
+
+    fn barrier(&self) -> Result<()> {
+        // An acknowledged PUT (or completed multipart upload) is durable on S3.
+        Ok(())
+    }
+
+    fn location(&self) -> String {
+        self.location.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn s3_urls_split_into_bucket_and_prefix() {
+        let p = |u: &str| parse_s3_url(u).map_err(|e| e.to_string());
+        assert_eq!(p("s3://b").unwrap(), ("b".into(), String::new()));
+        assert_eq!(p("s3://b/").unwrap(), ("b".into(), String::new()));
+        assert_eq!(p("s3://b/x/y/").unwrap(), ("b".into(), "x/y/".into()));
+        assert_eq!(p("s3://b/x").unwrap(), ("b".into(), "x/".into()));
+        for bad in [
+            "s3://",
+            "s3:///x",
+            "http://b/x",
+            "s3://b/x//y",
+            "s3://b/../x",
+        ] {
+            assert!(
+                matches!(parse_s3_url(bad), Err(Error::InvalidArgument { .. })),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn part_size_below_the_s3_minimum_is_refused() {
+        let opts = ObjectStoreOptions {
+            part_size: MIN_PART_SIZE - 1,
+            ..ObjectStoreOptions::default()
+        };
+        assert!(matches!(
+            ObjectStoreBackend::open_with("s3://b/x", opts),
+            Err(Error::InvalidArgument { .. })
+        ));
+    }
+}
