@@ -8,6 +8,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use tensor_history::Backend;
 
+pub mod proxy;
+
 /// A prefix no other test run or test uses: `<what>-<pid>-<nanos>-<n>`.
 pub fn unique_prefix(what: &str) -> String {
     static N: AtomicU64 = AtomicU64::new(0);

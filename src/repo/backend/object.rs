@@ -64,6 +64,9 @@ pub struct ObjectStoreOptions {
     pub initial_backoff: Duration,
     /// The longest backoff between two attempts. Default 5 s.
     pub max_backoff: Duration,
+    /// The server's URL, instead of `AWS_ENDPOINT_URL` (for S3-compatible servers). An
+    /// `http://` URL allows plain HTTP. Default `None`.
+    pub endpoint: Option<String>,
 }
 
 impl Default for ObjectStoreOptions {
@@ -75,6 +78,7 @@ impl Default for ObjectStoreOptions {
             retry_timeout: Duration::from_secs(60),
             initial_backoff: Duration::from_millis(100),
             max_backoff: Duration::from_secs(5),
+            endpoint: None,
         }
     }
 }
@@ -331,6 +335,12 @@ impl ObjectStoreBackend {
             .with_http_connector(CountingConnector {
                 counters: Arc::clone(&counters),
             });
+        if let Some(endpoint) = &options.endpoint {
+            builder = builder.with_endpoint(endpoint);
+            if endpoint.starts_with("http://") {
+                builder = builder.with_allow_http(true);
+            }
+        }
         if std::env::var_os("AWS_REGION").is_none()
             && std::env::var_os("AWS_DEFAULT_REGION").is_none()
         {
