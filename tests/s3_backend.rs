@@ -171,7 +171,11 @@ fn requests_are_counted_on_the_wire() {
         PutOutcome::AlreadyExists
     );
     let s6 = b.stats().since(&s5);
-    assert_eq!((s6.puts, s6.gets), (1, 1), "conditional PUT, then the read-back");
+    assert_eq!(
+        (s6.puts, s6.gets),
+        (1, 1),
+        "conditional PUT, then the read-back"
+    );
 }
 
 #[test]

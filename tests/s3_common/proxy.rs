@@ -130,7 +130,12 @@ impl Proxy {
                             conns.push(client.try_clone().unwrap());
                             conns.push(server.try_clone().unwrap());
                         }
-                        pump(client.try_clone().unwrap(), server.try_clone().unwrap(), &state, true);
+                        pump(
+                            client.try_clone().unwrap(),
+                            server.try_clone().unwrap(),
+                            &state,
+                            true,
+                        );
                         pump(server, client, &state, false);
                     }
                     Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
