@@ -92,6 +92,12 @@ impl Chunk {
         bytemuck::cast_slice(self.bytes())
     }
 
+    /// Bytes of memory the chunk's buffer holds: its length rounded up to whole 8-byte
+    /// words, or a full pool buffer for a chunk whose buffer came from the pool.
+    pub(crate) fn held_bytes(&self) -> usize {
+        self.0.words.len() * 8
+    }
+
     /// Address of the shared buffer, an identity for de-duplication.
     pub(crate) fn addr(&self) -> usize {
         Arc::as_ptr(&self.0) as usize
@@ -174,7 +180,8 @@ impl Drop for ChunkData {
 /// Recycles chunk buffers of a store's full chunk size, so that copy-on-write writes into
 /// memory that is already mapped instead of paying a page fault per 4 KiB.
 // Invariant: every pooled buffer has exactly `words` words; the total stays within
-// `cap_bytes`.
+// `cap_bytes`; `words * 8` fits in `usize` (the store makes no pool for a `chunk_bytes`
+// above `isize::MAX`).
 pub(crate) struct Pool {
     words: usize,
     cap_bytes: usize,
@@ -184,7 +191,7 @@ pub(crate) struct Pool {
 impl fmt::Debug for Pool {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Pool")
-            .field("buffer_bytes", &(self.words * 8))
+            .field("buffer_bytes", &self.buffer_bytes())
             .field("pooled_bytes", &self.pooled_bytes())
             .finish()
     }
@@ -199,8 +206,14 @@ impl Pool {
         })
     }
 
+    /// Bytes of one pooled buffer (a full chunk rounded up to whole words).
+    fn buffer_bytes(&self) -> usize {
+        self.words.saturating_mul(8)
+    }
+
     pub(crate) fn pooled_bytes(&self) -> usize {
-        self.free.lock().map(|f| f.len()).unwrap_or(0) * self.words * 8
+        let n = self.free.lock().map(|f| f.len()).unwrap_or(0);
+        n.saturating_mul(self.buffer_bytes())
     }
 
     /// Drop every pooled buffer, returning its memory to the allocator.
@@ -212,11 +225,11 @@ impl Pool {
     }
 
     fn give_back(&self, buf: Vec<u64>) {
-        if buf.len() != self.words || self.cap_bytes < self.words * 8 {
+        if buf.len() != self.words || self.cap_bytes < self.buffer_bytes() {
             return;
         }
         if let Ok(mut free) = self.free.lock() {
-            if (free.len() + 1) * self.words * 8 <= self.cap_bytes {
+            if (free.len() + 1).saturating_mul(self.buffer_bytes()) <= self.cap_bytes {
                 free.push(buf);
             }
         }

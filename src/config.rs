@@ -16,6 +16,11 @@ pub const DEFAULT_CHUNK_BYTES: usize = 256 * 1024;
 /// Default cap of the buffer pool: 1 GiB of freed chunk buffers kept for reuse.
 pub const DEFAULT_RECYCLE_BYTES: usize = 1 << 30;
 
+/// Default length of the reflog: the last 8 versions that HEAD (and the branch it was
+/// attached to) left through `restore`, `undo`, `redo` or a checkout while no branch or
+/// tag pointed at them any more (see [`Store::reflog`](crate::Store::reflog)).
+pub const DEFAULT_REFLOG_ENTRIES: usize = 8;
+
 /// Default working-state size from which fused updates use streaming stores: 32 MiB,
 /// the last-level cache of the machines the benchmarks ran on.
 pub const DEFAULT_STREAM_THRESHOLD_BYTES: usize = 32 << 20;
@@ -35,9 +40,9 @@ pub struct Config {
     /// at least one element of every dtype stored.
     pub chunk_bytes: usize,
     /// Auto-retention: after every commit, keep at most this many versions on each
-    /// branch's first-parent line (and HEAD's), plus tagged versions, like a checkpoint
-    /// manager's `max_to_keep`; versions outside every window are pruned. `None` (the
-    /// default) keeps everything.
+    /// branch's first-parent line (and HEAD's), plus tagged versions and the versions in
+    /// the reflog (see `reflog_entries`), like a checkpoint manager's `max_to_keep`;
+    /// versions outside every window are pruned. `None` (the default) keeps everything.
     pub max_versions: Option<usize>,
     /// Bytes of freed full-size chunk buffers kept for reuse by later copy-on-write
     /// writes, which then pay no page faults (default [`DEFAULT_RECYCLE_BYTES`]; 0 turns
@@ -49,6 +54,19 @@ pub struct Config {
     /// (default [`DEFAULT_STREAM_THRESHOLD_BYTES`]): data larger than the last-level cache
     /// is then not read before it is overwritten. `usize::MAX` turns them off.
     pub stream_threshold_bytes: usize,
+    /// How many positions the reflog keeps (default [`DEFAULT_REFLOG_ENTRIES`]; 0 keeps
+    /// none). When `restore`, `undo`, `redo` or a checkout moves HEAD (and the branch it
+    /// is attached to) away from a version that no branch or tag then points at, that
+    /// version is recorded; [`Store::prune`](crate::Store::prune) and auto-retention
+    /// keep the recorded versions, so a version is never dropped right after a branch was
+    /// moved off it. The oldest entry goes when the log is full: each entry can keep one
+    /// version's changed chunks alive, so this is a bound on that memory.
+    #[serde(default = "default_reflog_entries")]
+    pub reflog_entries: usize,
+}
+
+fn default_reflog_entries() -> usize {
+    DEFAULT_REFLOG_ENTRIES
 }
 
 impl Default for Config {
@@ -58,6 +76,7 @@ impl Default for Config {
             max_versions: None,
             recycle_bytes: DEFAULT_RECYCLE_BYTES,
             stream_threshold_bytes: DEFAULT_STREAM_THRESHOLD_BYTES,
+            reflog_entries: DEFAULT_REFLOG_ENTRIES,
         }
     }
 }

@@ -34,7 +34,9 @@ pub struct TensorDiff {
     pub elements: Vec<Range<usize>>,
     /// Bytes in the changed chunks.
     pub bytes: usize,
-    /// The dtype, shape or chunk size differs, so chunks were not compared one by one.
+    /// The dtype, shape or chunk size differs, so chunks were not compared one by one
+    /// (a variable re-cut into chunks of another size is reported so even when its values
+    /// are equal).
     pub layout_changed: bool,
 }
 
@@ -91,9 +93,8 @@ impl Diff {
 /// Compare one tensor present in both states.
 pub(crate) fn diff_tensor(a: &Tensor, b: &Tensor) -> VarDiff {
     if !a.same_layout(b) {
-        if a.content_eq(b) {
-            return VarDiff::Unchanged;
-        }
+        // Even with equal values, another chunk size is another content hash: a change,
+        // as `Store::is_dirty` sees it.
         let chunks: Vec<usize> = (0..b.num_chunks()).collect();
         return VarDiff::Changed(TensorDiff {
             elements: merge_ranges(b, &chunks),

@@ -4,29 +4,37 @@ use std::ops::Range;
 
 use crate::element::DType;
 use crate::history::VersionId;
+use crate::text::escape;
 
 /// `Result` with this crate's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// Everything that can go wrong in a call. A call that returns an error has changed
 /// nothing: the working state, the history and the refs are as before.
+///
+/// The messages show names and other caller-given text with control characters, line
+/// separators and invisible reordering characters escaped (`\n`, `\u{202e}`), so one
+/// message is always one line; the fields hold the text as given.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
     /// No variable of that name in the working state (or in the snapshot asked).
-    #[error("unknown variable `{name}`")]
+    #[error("unknown variable `{}`", escape(.name))]
     UnknownVariable {
         /// The name asked for.
         name: String,
     },
     /// A variable of that name already exists.
-    #[error("variable `{name}` already exists")]
+    #[error("variable `{}` already exists", escape(.name))]
     VariableExists {
         /// The name that is taken.
         name: String,
     },
     /// The element type asked for is not the tensor's.
-    #[error("dtype mismatch for `{name}`: the tensor holds {expected}, the call used {found}")]
+    #[error(
+        "dtype mismatch for `{}`: the tensor holds {expected}, the call used {found}",
+        escape(.name)
+    )]
     DTypeMismatch {
         /// The variable (empty for a tensor outside a store).
         name: String,
@@ -36,7 +44,10 @@ pub enum Error {
         found: DType,
     },
     /// An array's shape is not the tensor's.
-    #[error("shape mismatch for `{name}`: expected {expected:?}, found {found:?}")]
+    #[error(
+        "shape mismatch for `{}`: expected {expected:?}, found {found:?}",
+        escape(.name)
+    )]
     ShapeMismatch {
         /// The variable (empty for a tensor outside a store).
         name: String,
@@ -46,7 +57,10 @@ pub enum Error {
         found: Vec<usize>,
     },
     /// A flat element range outside the tensor.
-    #[error("element range {range:?} out of bounds for `{name}` of {len} elements")]
+    #[error(
+        "element range {range:?} out of bounds for `{}` of {len} elements",
+        escape(.name)
+    )]
     RangeOutOfBounds {
         /// The variable.
         name: String,
@@ -62,14 +76,23 @@ pub enum Error {
         /// Bytes in one row of the outermost axis.
         row_bytes: usize,
     },
+    /// A tensor larger than memory can address: its size in bytes overflows or exceeds
+    /// `isize::MAX` (for example a broadcast view of a huge shape).
+    #[error("a {dtype} tensor of shape {shape:?} is larger than memory can address")]
+    TooLarge {
+        /// The shape given.
+        shape: Vec<usize>,
+        /// The element type.
+        dtype: DType,
+    },
     /// A [`Config`](crate::Config) value is not usable.
-    #[error("invalid config: {reason}")]
+    #[error("invalid config: {}", escape(.reason))]
     InvalidConfig {
         /// What is wrong.
         reason: String,
     },
     /// Text that is not 64 hex digits was parsed as a [`ContentHash`](crate::ContentHash).
-    #[error("not a 64-digit hex content hash: `{text}`")]
+    #[error("not a 64-digit hex content hash: `{}`", escape(.text))]
     InvalidHash {
         /// The text given.
         text: String,
@@ -87,25 +110,26 @@ pub enum Error {
         id: VersionId,
     },
     /// No branch or tag of that name.
-    #[error("unknown ref `{name}`")]
+    #[error("unknown ref `{}`", escape(.name))]
     UnknownRef {
         /// The name asked for.
         name: String,
     },
     /// A branch or tag of that name already exists (branches and tags share one namespace).
-    #[error("ref `{name}` already exists")]
+    #[error("ref `{}` already exists", escape(.name))]
     RefExists {
         /// The name that is taken.
         name: String,
     },
-    /// A ref name that is empty, has white space or control characters, or is `HEAD`.
-    #[error("invalid ref name `{name}`")]
+    /// A ref name that is empty, is `HEAD`, has white space, control or invisible
+    /// characters, or reads as a version id (`v12`, `12`).
+    #[error("invalid ref name `{}`", escape(.name))]
     InvalidRefName {
         /// The name given.
         name: String,
     },
     /// The ref is a tag where a branch is needed (checkout, delete_branch) or the reverse.
-    #[error("`{name}` is not a {expected}")]
+    #[error("`{}` is not a {expected}", escape(.name))]
     WrongRefKind {
         /// The name given.
         name: String,
@@ -113,7 +137,7 @@ pub enum Error {
         expected: &'static str,
     },
     /// The branch HEAD is attached to cannot be deleted.
-    #[error("branch `{name}` is checked out")]
+    #[error("branch `{}` is checked out", escape(.name))]
     BranchCheckedOut {
         /// The branch.
         name: String,
@@ -138,7 +162,10 @@ pub enum Error {
         conflicts: Vec<Conflict>,
     },
     /// The operation is not defined for this dtype (`Mean` merge or `average` of integers).
-    #[error("{operation} is not defined for dtype {dtype} (variable `{name}`)")]
+    #[error(
+        "{operation} is not defined for dtype {dtype} (variable `{}`)",
+        escape(.name)
+    )]
     UnsupportedDType {
         /// The variable.
         name: String,
@@ -149,14 +176,14 @@ pub enum Error {
     },
     /// An argument that is not valid for the call (empty version list, weights that do not
     /// match, a merge of a version into itself).
-    #[error("invalid argument: {reason}")]
+    #[error("invalid argument: {}", escape(.reason))]
     InvalidArgument {
         /// What is wrong.
         reason: String,
     },
     /// A storage backend failed (disk full, permission denied, network error, a missing
     /// object). Nothing in memory or in the repository was lost.
-    #[error("I/O error on `{path}`: {message}")]
+    #[error("I/O error on `{}`: {}", escape(.path), escape(.message))]
     Io {
         /// The file, object key or URL at fault.
         path: String,
@@ -166,7 +193,11 @@ pub enum Error {
         message: String,
     },
     /// The repository was written in a format (or format version) this build cannot read.
-    #[error("unsupported repository format in `{path}`: {found}")]
+    #[error(
+        "unsupported repository format in `{}`: {}",
+        escape(.path),
+        escape(.found)
+    )]
     UnsupportedFormat {
         /// The file at fault.
         path: String,
@@ -175,7 +206,10 @@ pub enum Error {
     },
     /// A save found that a branch moved in the repository since this store last saw it;
     /// nothing was written for that branch. `refresh` (and a merge) first.
-    #[error("branch `{branch}` moved in the repository since it was last seen")]
+    #[error(
+        "branch `{}` moved in the repository since it was last seen",
+        escape(.branch)
+    )]
     Conflict {
         /// The branch.
         branch: String,
@@ -202,7 +236,7 @@ pub enum Error {
         dtype: String,
     },
     /// `verify` found a broken invariant or a cached hash that does not match the bytes.
-    #[error("integrity check failed: {reason}")]
+    #[error("integrity check failed: {}", escape(.reason))]
     Corrupt {
         /// What is broken.
         reason: String,
@@ -213,8 +247,8 @@ fn conflict_names(conflicts: &[Conflict]) -> String {
     let names: Vec<String> = conflicts
         .iter()
         .map(|c| match &c.chunks {
-            Some(chunks) => format!("`{}` (chunks {:?})", c.variable, chunks),
-            None => format!("`{}` (whole variable)", c.variable),
+            Some(chunks) => format!("`{}` (chunks {:?})", escape(&c.variable), chunks),
+            None => format!("`{}` (whole variable)", escape(&c.variable)),
         })
         .collect();
     names.join(", ")

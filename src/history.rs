@@ -1,6 +1,6 @@
 //! The version tree: ids, versions, refs and HEAD, and the walks over them.
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet, VecDeque};
 use std::fmt;
 use std::str::FromStr;
 use std::sync::Arc;
@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Result};
 use crate::meta::Meta;
 use crate::tensor::Tensor;
+use crate::text::needs_escape;
 
 /// The variables of a version or of the working state: a persistent map, O(1) to clone.
 pub(crate) type Vars = imbl::OrdMap<String, Tensor>;
@@ -99,6 +100,9 @@ pub(crate) struct History {
     pub(crate) head: Head,
     /// Versions undo came from, the next redo target last.
     pub(crate) redo: Vec<VersionId>,
+    /// Versions HEAD left while no ref pointed at them any more, with the branch HEAD was
+    /// attached to (or `HEAD` when detached), oldest first; each version at most once.
+    pub(crate) reflog: VecDeque<(String, VersionId)>,
 }
 
 impl Default for History {
@@ -108,6 +112,7 @@ impl Default for History {
             refs: BTreeMap::new(),
             head: Head::Branch("main".to_owned()),
             redo: Vec::new(),
+            reflog: VecDeque::new(),
         }
     }
 }
@@ -150,6 +155,31 @@ impl History {
                 self.refs.insert(b.clone(), Ref::Branch(id));
             }
             Head::Detached(_) => self.head = Head::Detached(id),
+        }
+    }
+
+    /// Move HEAD (and the branch it is attached to) to `id` as [`History::move_head`], and
+    /// record in the reflog (at most `cap` entries) the version HEAD leaves if no ref
+    /// points at it afterwards.
+    pub(crate) fn move_head_logged(&mut self, id: VersionId, cap: usize) {
+        let from = self.head_id();
+        let name = self.head_branch().unwrap_or("HEAD").to_owned();
+        self.move_head(id);
+        self.log_left(from, name, cap);
+    }
+
+    /// Record that HEAD (attached to branch `name`, or `HEAD`) left `from`, unless HEAD
+    /// is still there or a ref points at it; keeps at most `cap` entries.
+    pub(crate) fn log_left(&mut self, from: Option<VersionId>, name: String, cap: usize) {
+        let Some(from) = from else { return };
+        let held = self.head_id() == Some(from) || self.refs.values().any(|r| r.target() == from);
+        if held || cap == 0 {
+            return;
+        }
+        self.reflog.retain(|(_, v)| *v != from);
+        self.reflog.push_back((name, from));
+        while self.reflog.len() > cap {
+            self.reflog.pop_front();
         }
     }
 
@@ -243,10 +273,19 @@ impl History {
     }
 }
 
+/// Whether `name` can be a branch or tag name. This is the one place that decides (see
+/// [`Error::InvalidRefName`]): not empty, not `HEAD`, no white space, no control or
+/// invisible characters (see `text::needs_escape`), and not a version id such as `v12`
+/// or `12` (`v` or nothing followed by ASCII digits), so that
+/// [`Store::resolve`](crate::Store::resolve) never has to choose between a ref and a
+/// version.
 pub(crate) fn check_ref_name(name: &str) -> Result<()> {
+    let digits = name.strip_prefix('v').unwrap_or(name);
+    let reads_as_version = !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit());
     let ok = !name.is_empty()
         && name != "HEAD"
-        && !name.chars().any(|c| c.is_whitespace() || c.is_control());
+        && !reads_as_version
+        && !name.chars().any(|c| c.is_whitespace() || needs_escape(c));
     if ok {
         Ok(())
     } else {

@@ -78,21 +78,29 @@ pub(crate) fn zip_into<T: Element>(
     }
 }
 
-/// `buf[i] = f(buf[i])` in place.
+/// `buf[i] = f(buf[i])` in place; returns whether any bit changed.
 #[inline(never)]
-pub(crate) fn map_in_place<T: Element>(buf: &mut [T], f: &impl Fn(T) -> T) {
+pub(crate) fn map_in_place<T: Element>(buf: &mut [T], f: &impl Fn(T) -> T) -> bool {
+    let mut acc = T::Bits::default();
     for x in buf.iter_mut() {
-        *x = f(*x);
+        let n = f(*x);
+        acc = acc | (n.to_bits() ^ x.to_bits());
+        *x = n;
     }
+    acc != T::Bits::default()
 }
 
-/// `buf[i] = f(buf[i], other[i])` in place.
+/// `buf[i] = f(buf[i], other[i])` in place; returns whether any bit changed.
 #[inline(never)]
-pub(crate) fn zip_in_place<T: Element>(buf: &mut [T], other: &[T], f: &impl Fn(T, T) -> T) {
+pub(crate) fn zip_in_place<T: Element>(buf: &mut [T], other: &[T], f: &impl Fn(T, T) -> T) -> bool {
     debug_assert_eq!(buf.len(), other.len(), "zip_in_place: lengths differ");
+    let mut acc = T::Bits::default();
     for (x, &o) in buf.iter_mut().zip(other) {
-        *x = f(*x, o);
+        let n = f(*x, o);
+        acc = acc | (n.to_bits() ^ x.to_bits());
+        *x = n;
     }
+    acc != T::Bits::default()
 }
 
 #[inline(never)]
@@ -145,7 +153,9 @@ fn streamed<T: Element>(
 #[cfg(target_arch = "x86_64")]
 #[allow(unsafe_code)]
 mod stream {
-    use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_sfence, _mm_stream_si128};
+    use std::arch::x86_64::{__m128i, _mm_loadu_si128};
+    #[cfg(not(miri))]
+    use std::arch::x86_64::{_mm_sfence, _mm_stream_si128};
 
     /// Copy `src` to `dst` with non-temporal stores for the 16-byte aligned body.
     #[inline]
@@ -163,7 +173,14 @@ mod stream {
             // is part of the x86_64 baseline.
             unsafe {
                 let v = _mm_loadu_si128(src.as_ptr().add(i).cast::<__m128i>());
-                _mm_stream_si128(dst.as_mut_ptr().add(i).cast::<__m128i>(), v);
+                let to = dst.as_mut_ptr().add(i).cast::<__m128i>();
+                // Miri cannot run the non-temporal store (inline assembly); an aligned
+                // ordinary store has the same bounds and alignment requirements, so Miri
+                // checks those.
+                #[cfg(not(miri))]
+                _mm_stream_si128(to, v);
+                #[cfg(miri)]
+                to.write(v);
             }
             i += 16;
         }
@@ -174,7 +191,13 @@ mod stream {
     #[inline]
     pub(super) fn fence() {
         // SAFETY: `sfence` has no preconditions; SSE is part of the x86_64 baseline.
-        unsafe { _mm_sfence() }
+        #[cfg(not(miri))]
+        unsafe {
+            _mm_sfence()
+        }
+        // Ordinary stores (see `copy`) need no fence.
+        #[cfg(miri)]
+        std::sync::atomic::compiler_fence(std::sync::atomic::Ordering::SeqCst);
     }
 }
 
@@ -237,6 +260,25 @@ mod tests {
                 );
                 assert_eq!(plain, streamed, "map n={n} offset={offset}");
                 assert_eq!(a, b);
+            }
+        }
+    }
+
+    #[test]
+    fn in_place_kernels_report_whether_a_bit_changed() {
+        for &n in LENS {
+            let mut buf: Vec<f32> = (0..n).map(|i| i as f32 - 2.0).collect();
+            let before = buf.clone();
+            assert!(!map_in_place(&mut buf, &|x| x));
+            assert!(!zip_in_place(&mut buf, &vec![0.0; n], &|x, g| x - g));
+            assert_eq!(buf, before);
+            if n > 0 {
+                // -0.0 == 0.0 as floats, but the bits differ: a change.
+                let last = n - 1;
+                let flip = |x: f32| if x == before[last] { -x } else { x };
+                assert!(map_in_place(&mut buf, &flip), "n={n}");
+                assert_eq!(buf[last].to_bits(), (-before[last]).to_bits());
+                assert!(zip_in_place(&mut buf, &vec![1.0; n], &|x, g| x + g));
             }
         }
     }

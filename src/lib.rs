@@ -111,10 +111,12 @@ mod snapshot;
 mod stats;
 mod store;
 mod tensor;
+mod text;
 
 pub use chunk::{Chunk, WeakChunk};
 pub use config::{
-    Config, DEFAULT_CHUNK_BYTES, DEFAULT_RECYCLE_BYTES, DEFAULT_STREAM_THRESHOLD_BYTES,
+    Config, DEFAULT_CHUNK_BYTES, DEFAULT_RECYCLE_BYTES, DEFAULT_REFLOG_ENTRIES,
+    DEFAULT_STREAM_THRESHOLD_BYTES,
 };
 pub use diff::{Diff, TensorDiff, VarDiff};
 pub use element::{DType, Element};

@@ -54,20 +54,41 @@ macro_rules! with_float {
     };
 }
 
-/// Weighted mean of chunks of one float type: `Σ (w_i / Σw) · x_i` in `f64`, rounded once
-/// to `T`. Normalizing the weights first keeps the sum finite for any finite inputs
-/// (`(a + b) / 2` would overflow for `f64` values above half of `f64::MAX`).
-fn mean_chunk<T: Element>(parts: &[&Chunk], weights: &[f64], alloc: &Alloc) -> Chunk {
-    let total: f64 = weights.iter().sum();
-    let norm: Vec<f64> = weights.iter().map(|w| w / total).collect();
-    let slices: Vec<&[T]> = parts.iter().map(|c| c.as_slice::<T>()).collect();
-    alloc.chunk_typed::<T>(slices[0].len(), |out| {
+/// The weights divided by their sum, with the terms whose weight is 0 left out, as
+/// `(index, w_i / Σw)` pairs. A sum that overflows `f64` (`[1e308, 1e308]`) is taken after
+/// scaling every weight by the same power of two, which is exact, so the result is the
+/// same as with unbounded range. The caller checked that the weights are finite,
+/// non-negative and not all zero.
+fn normalized_weights(weights: &[f64]) -> Vec<(usize, f64)> {
+    let mut total: f64 = weights.iter().sum();
+    let mut scale = 1.0;
+    if !total.is_finite() {
+        // n weights of at most f64::MAX each sum to at most f64::MAX / 2 once scaled by
+        // 2^-(ceil(log2 n) + 1).
+        let k = weights.len().next_power_of_two().trailing_zeros() + 1;
+        scale = 0.5f64.powi(k as i32);
+        total = weights.iter().map(|w| w * scale).sum();
+    }
+    weights
+        .iter()
+        .enumerate()
+        .filter(|(_, w)| **w != 0.0)
+        .map(|(i, w)| (i, w * scale / total))
+        .collect()
+}
+
+/// Weighted mean of chunks of one float type: `Σ (w_i / Σw) · x_i` in `f64` over the
+/// `weights` from [`normalized_weights`], rounded once to `T`. Normalizing first keeps the
+/// sum finite for any finite inputs (`(a + b) / 2` would overflow for `f64` values above
+/// half of `f64::MAX`), and a version of weight 0 does not contribute, even a NaN.
+fn mean_chunk<T: Element>(parts: &[&Chunk], weights: &[(usize, f64)], alloc: &Alloc) -> Chunk {
+    let slices: Vec<(&[T], f64)> = weights
+        .iter()
+        .map(|&(i, w)| (parts[i].as_slice::<T>(), w))
+        .collect();
+    alloc.chunk_typed::<T>(parts[0].len_bytes() / std::mem::size_of::<T>(), |out| {
         for (j, o) in out.iter_mut().enumerate() {
-            let s: f64 = slices
-                .iter()
-                .zip(&norm)
-                .map(|(x, w)| x[j].to_f64() * w)
-                .sum();
+            let s: f64 = slices.iter().map(|(x, w)| x[j].to_f64() * w).sum();
             *o = T::from_f64(s);
         }
     })
@@ -81,20 +102,12 @@ fn unsupported(name: &str, dtype: DType, operation: &'static str) -> Error {
     }
 }
 
-/// Weighted mean of same-layout float tensors, chunk by chunk in parallel; chunks equal on
-/// every side stay shared.
-fn mean_tensor(
-    name: &str,
-    parts: &[&Tensor],
-    weights: &[f64],
-    alloc: &Alloc,
-    operation: &'static str,
-) -> Result<Tensor> {
+/// Weighted mean of same-layout float tensors (`weights` from [`normalized_weights`]),
+/// chunk by chunk in parallel; chunks equal on every side stay shared. The caller checked
+/// that the dtype is a float.
+fn mean_tensor(parts: &[&Tensor], weights: &[(usize, f64)], alloc: &Alloc) -> Tensor {
     let first = parts[0];
     let dtype = first.dtype();
-    if !dtype.is_float() {
-        return Err(unsupported(name, dtype, operation));
-    }
     let cols: Vec<Vec<&Chunk>> = (0..first.num_chunks())
         .map(|i| parts.iter().filter_map(|t| t.chunk(i)).collect())
         .collect();
@@ -107,7 +120,50 @@ fn mean_tensor(
             with_float!(dtype, F => mean_chunk::<F>(col, weights, alloc), else col[0].clone())
         })
         .collect();
-    Ok(first.with_chunks(chunks.into_iter().collect()))
+    first.with_chunks(chunks.into_iter().collect())
+}
+
+/// How one variable of a merge comes out, decided before any chunk is computed, so that
+/// a merge that fails (a conflict, a `Mean` of integers) allocates nothing.
+enum Plan {
+    /// The variable as it is on one side (`None`: absent in the result).
+    Take(Option<Tensor>),
+    /// The elementwise mean of the two sides (a float dtype, same layout).
+    Mean(Tensor, Tensor),
+    /// Chunk by chunk, in the layout of the tensor given.
+    Chunks(Tensor, Vec<Pick>),
+}
+
+/// One chunk of a [`Plan::Chunks`].
+enum Pick {
+    Take(Chunk),
+    Mean(Chunk, Chunk),
+}
+
+impl Plan {
+    /// Compute the planned tensor. O(bytes of the chunks averaged).
+    fn run(self, alloc: &Alloc) -> Option<Tensor> {
+        let halves = normalized_weights(&[1.0, 1.0]);
+        match self {
+            Plan::Take(t) => t,
+            Plan::Mean(o, t) => Some(mean_tensor(&[&o, &t], &halves, alloc)),
+            Plan::Chunks(o, picks) => {
+                let dtype = o.dtype();
+                let chunks: ChunkVec = picks
+                    .into_iter()
+                    .map(|p| match p {
+                        Pick::Take(c) => c,
+                        Pick::Mean(a, b) => with_float!(
+                            dtype,
+                            F => mean_chunk::<F>(&[&a, &b], &halves, alloc),
+                            else a
+                        ),
+                    })
+                    .collect();
+                Some(o.with_chunks(chunks))
+            }
+        }
+    }
 }
 
 fn same(a: Option<&Tensor>, b: Option<&Tensor>) -> bool {
@@ -118,21 +174,20 @@ fn same(a: Option<&Tensor>, b: Option<&Tensor>) -> bool {
     }
 }
 
-/// Merge one variable; `Ok(None)` in the outer option means "absent in the result".
+/// Plan the merge of one variable (no chunk is computed here).
 fn merge_var(
     name: &str,
     ours: Option<&Tensor>,
     theirs: Option<&Tensor>,
     base: Option<&Tensor>,
     strategy: MergeStrategy,
-    alloc: &Alloc,
     conflicts: &mut Vec<Conflict>,
-) -> Result<Option<Tensor>> {
+) -> Result<Plan> {
     if same(ours, theirs) || same(theirs, base) {
-        return Ok(ours.cloned());
+        return Ok(Plan::Take(ours.cloned()));
     }
     if same(ours, base) {
-        return Ok(theirs.cloned());
+        return Ok(Plan::Take(theirs.cloned()));
     }
     // Both sides changed the variable, differently.
     let whole = |conflicts: &mut Vec<Conflict>| {
@@ -144,53 +199,59 @@ fn merge_var(
     let (o, t) = match (ours, theirs) {
         (Some(o), Some(t)) if o.same_layout(t) => (o, t),
         _ => {
-            return Ok(match strategy {
+            return Ok(Plan::Take(match strategy {
                 MergeStrategy::Ours => ours.cloned(),
                 MergeStrategy::Theirs => theirs.cloned(),
                 _ => {
                     whole(conflicts);
                     ours.cloned()
                 }
-            })
+            }))
+        }
+    };
+    let mean_ok = || {
+        if o.dtype().is_float() {
+            Ok(())
+        } else {
+            Err(unsupported(name, o.dtype(), "a Mean merge"))
         }
     };
     let Some(b) = base.filter(|b| b.same_layout(o)) else {
-        return Ok(Some(match strategy {
-            MergeStrategy::Ours => o.clone(),
-            MergeStrategy::Theirs => t.clone(),
-            MergeStrategy::Mean => mean_tensor(name, &[o, t], &[1.0, 1.0], alloc, "a Mean merge")?,
+        return Ok(match strategy {
+            MergeStrategy::Ours => Plan::Take(Some(o.clone())),
+            MergeStrategy::Theirs => Plan::Take(Some(t.clone())),
+            MergeStrategy::Mean => {
+                mean_ok()?;
+                Plan::Mean(o.clone(), t.clone())
+            }
             _ => {
                 whole(conflicts);
-                o.clone()
+                Plan::Take(Some(o.clone()))
             }
-        }));
+        });
     };
-    let mut chunks: Vec<Chunk> = Vec::with_capacity(o.num_chunks());
+    let mut picks: Vec<Pick> = Vec::with_capacity(o.num_chunks());
     let mut clashing = Vec::new();
     for (i, ((co, ct), cb)) in o.chunks().zip(t.chunks()).zip(b.chunks()).enumerate() {
         let pick = if co.same_content(ct) || ct.same_content(cb) {
-            co.clone()
+            Pick::Take(co.clone())
         } else if co.same_content(cb) {
-            ct.clone()
+            Pick::Take(ct.clone())
         } else {
             match strategy {
-                MergeStrategy::Ours => co.clone(),
-                MergeStrategy::Theirs => ct.clone(),
+                MergeStrategy::Ours => Pick::Take(co.clone()),
+                MergeStrategy::Theirs => Pick::Take(ct.clone()),
                 MergeStrategy::Mean => {
-                    let dtype = o.dtype();
-                    with_float!(
-                        dtype,
-                        F => mean_chunk::<F>(&[co, ct], &[1.0, 1.0], alloc),
-                        else return Err(unsupported(name, dtype, "a Mean merge"))
-                    )
+                    mean_ok()?;
+                    Pick::Mean(co.clone(), ct.clone())
                 }
                 _ => {
                     clashing.push(i);
-                    co.clone()
+                    Pick::Take(co.clone())
                 }
             }
         };
-        chunks.push(pick);
+        picks.push(pick);
     }
     if !clashing.is_empty() {
         conflicts.push(Conflict {
@@ -198,9 +259,7 @@ fn merge_var(
             chunks: Some(clashing),
         });
     }
-    Ok(Some(
-        o.with_chunks(chunks.into_iter().collect::<ChunkVec>()),
-    ))
+    Ok(Plan::Chunks(o.clone(), picks))
 }
 
 impl Store {
@@ -258,24 +317,28 @@ impl Store {
         let mut names: Vec<&String> = ours.keys().chain(theirs.keys()).collect();
         names.sort();
         names.dedup();
-        let mut merged = Vars::new();
+        // Plan every variable first: a merge that fails computes (and allocates) nothing.
+        let mut plans = Vec::with_capacity(names.len());
         let mut conflicts = Vec::new();
         for name in names {
-            let t = merge_var(
+            let plan = merge_var(
                 name,
                 ours.get(name),
                 theirs.get(name),
                 base.get(name),
                 strategy,
-                &self.alloc,
                 &mut conflicts,
             )?;
-            if let Some(t) = t {
-                merged.insert(name.clone(), t);
-            }
+            plans.push((name, plan));
         }
         if !conflicts.is_empty() {
             return Err(Error::MergeConflict { conflicts });
+        }
+        let mut merged = Vars::new();
+        for (name, plan) in plans {
+            if let Some(t) = plan.run(&self.alloc) {
+                merged.insert(name.clone(), t);
+            }
         }
         let message = format!("merge {other} into {head}");
         self.commit_vars(vec![head, other], &message, meta, merged)
@@ -283,7 +346,9 @@ impl Store {
 
     /// Record a version whose float variables are the weighted mean of the same variables
     /// in `ids` (a model soup): `Σ (w_i / Σw) · x_i` computed in `f64` and rounded once;
-    /// `weights` default to equal. Every version must hold the
+    /// `weights` default to equal. A version of weight 0 does not contribute (not even a
+    /// NaN it holds), and weights whose sum overflows `f64` (`[1e308, 1e308]`) give the
+    /// same mean as `[1.0, 1.0]`. Every version must hold the
     /// variables of the first with the same dtype and shape; integer variables must be
     /// equal in all of them. The new version's parents are HEAD and the `ids` (without
     /// repeats); it becomes the working state and HEAD moves there. Chunks equal in every
@@ -346,7 +411,8 @@ impl Store {
         if self.is_dirty() {
             return Err(Error::UncommittedChanges);
         }
-        let mut out = Vars::new();
+        // Check every variable before computing any: a call that fails allocates nothing.
+        let mut planned = Vec::with_capacity(versions[0].len());
         for (name, first) in versions[0].iter() {
             let mut parts = Vec::with_capacity(versions.len());
             for v in &versions {
@@ -368,12 +434,18 @@ impl Store {
                 }
                 parts.push(t);
             }
-            let t = if first.dtype().is_float() {
-                mean_tensor(name, &parts, &weights, &self.alloc, "average")?
-            } else if parts.iter().all(|t| t.content_eq(first)) {
-                first.clone()
-            } else {
+            if !first.dtype().is_float() && !parts.iter().all(|t| t.content_eq(first)) {
                 return Err(unsupported(name, first.dtype(), "average"));
+            }
+            planned.push((name, parts));
+        }
+        let weights = normalized_weights(&weights);
+        let mut out = Vars::new();
+        for (name, parts) in planned {
+            let t = if parts[0].dtype().is_float() {
+                mean_tensor(&parts, &weights, &self.alloc)
+            } else {
+                parts[0].clone()
             };
             out.insert(name.clone(), t);
         }

@@ -5,6 +5,7 @@ use std::fmt::Write as _;
 
 use crate::history::{Head, Ref, VersionId};
 use crate::store::Store;
+use crate::text;
 
 impl Store {
     fn labels(&self) -> BTreeMap<VersionId, Vec<String>> {
@@ -15,9 +16,11 @@ impl Store {
         }
         for (name, r) in &self.hist.refs {
             let text = match r {
-                Ref::Branch(_) if head_branch == Some(name.as_str()) => format!("HEAD -> {name}"),
-                Ref::Branch(_) => name.clone(),
-                Ref::Tag(_) => format!("tag: {name}"),
+                Ref::Branch(_) if head_branch == Some(name.as_str()) => {
+                    format!("HEAD -> {}", text::escape(name))
+                }
+                Ref::Branch(_) => text::escape(name).into_owned(),
+                Ref::Tag(_) => format!("tag: {}", text::escape(name)),
             };
             let list = labels.entry(r.target()).or_default();
             if text.starts_with("HEAD") {
@@ -32,7 +35,9 @@ impl Store {
     /// The history tree as text, newest first, like `git log --graph --oneline`: one line
     /// per live version with its id, refs, message and metadata (`[loss=0.12 step=3]`, see
     /// [`Meta`](crate::Meta)'s `Display`), and lanes that show where branches fork and
-    /// merges join. O(versions · lanes).
+    /// merges join. A message (and metadata) is shown on its one line with control
+    /// characters, line separators and invisible reordering characters escaped (`\n`,
+    /// `\t`, `\u{1b}`), so no message can draw a line of its own. O(versions · lanes).
     ///
     /// ```
     /// # use tensor_history::Store;
@@ -95,9 +100,10 @@ impl Store {
             let meta = if node.meta.is_empty() {
                 String::new()
             } else {
-                format!(" [{}]", node.meta)
+                format!(" [{}]", text::escape(&node.meta.to_string()))
             };
-            let _ = writeln!(out, "{line}{id} {refs}{}{meta}", node.message);
+            let message = text::escape(&node.message);
+            let _ = writeln!(out, "{line}{id} {refs}{message}{meta}");
             lanes[col] = node.parents.first().copied();
             // Extra parents (a merge) open lanes of their own unless one already waits.
             let mut opened = Vec::new();
@@ -126,7 +132,10 @@ impl Store {
     }
 
     /// The history tree as a Graphviz DOT digraph: one node per live version (id,
-    /// message and metadata), an edge from each version to its parents, refs as boxes. O(versions).
+    /// message and metadata), an edge from each version to its parents, refs as boxes.
+    /// Quotes and backslashes are escaped, a message's line breaks become DOT line breaks
+    /// inside its node, and other control or invisible characters are shown as
+    /// `\u{hex}`. O(versions).
     #[must_use]
     pub fn to_dot(&self) -> String {
         let mut out = String::from("digraph history {\n  rankdir=BT;\n  node [shape=ellipse];\n");
@@ -188,8 +197,19 @@ fn connector(lanes: &[Option<VersionId>], moving: &[usize], mark: char) -> Strin
     line.into_iter().collect::<String>().trim_end().to_owned()
 }
 
+/// `s` as the inside of a DOT quoted string (see [`Store::to_dot`]).
 fn escape(s: &str) -> String {
-    s.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            c if text::needs_escape(c) => {
+                let _ = write!(out, "\\\\u{{{:x}}}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    out
 }

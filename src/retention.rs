@@ -4,13 +4,13 @@ use std::collections::HashSet;
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::history::{Head, Ref, VersionId};
 use crate::meta::Meta;
 use crate::store::Store;
 
-/// Which versions [`Store::prune`] keeps. HEAD, branch tips, tagged versions and the
-/// redo path are always kept.
+/// Which versions [`Store::prune`] keeps. HEAD, branch tips, tagged versions, the
+/// redo path and the versions in the [`reflog`](Store::reflog) are always kept.
 ///
 /// The policies combine as a union: a version is kept when any of them keeps it. Versions
 /// are dropped only when [`last`](Retention::last) or [`best`](Retention::best) is set
@@ -31,10 +31,12 @@ pub struct Retention {
     /// every version outside these windows (and not kept otherwise) is dropped, including
     /// versions reachable only by id. `None` keeps every version reachable from a ref.
     pub last: Option<usize>,
-    /// Also keep every version whose id is a multiple of k (every k-th commit).
+    /// Also keep every version whose id is a multiple of k (every k-th commit); `Some(0)`
+    /// is refused by [`Store::prune`].
     pub every: Option<usize>,
-    /// Also drop versions that no branch, tag, HEAD or the redo path reaches (for example
-    /// the old future after an undo and a new commit).
+    /// Also drop versions that no branch, tag, HEAD, the redo path or the reflog reaches
+    /// (for example the old future after an undo and a new commit, once it has left the
+    /// reflog).
     pub unreachable: bool,
     /// Also keep the best N live versions by a metric recorded in their
     /// [`Meta`](crate::Meta) (see [`KeepBest`]).
@@ -153,8 +155,15 @@ impl Store {
     ///
     /// # Errors
     ///
-    /// None today; the `Result` leaves room for policies that can fail.
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for `every: Some(0)`
+    /// (the fields are public and the type deserializes, so the builder's check is not
+    /// enough); nothing is pruned then.
     pub fn prune(&mut self, policy: &Retention) -> Result<PruneStats> {
+        if policy.every == Some(0) {
+            return Err(Error::InvalidArgument {
+                reason: "Retention::every must be at least 1 (keep every k-th version)".into(),
+            });
+        }
         let bytes_before = self.unique_bytes();
         let dropped = self.prune_quiet(policy);
         Ok(PruneStats {
@@ -172,6 +181,7 @@ impl Store {
         if let Some(h) = hist.head_id() {
             anchors.push(h);
         }
+        anchors.extend(hist.reflog.iter().map(|(_, v)| *v));
         let mut keep: HashSet<VersionId> = anchors.iter().copied().collect();
         keep.extend(hist.redo.iter().copied());
         let mut roots: Vec<VersionId> = anchors.clone();
@@ -210,7 +220,10 @@ impl Store {
             if keep.contains(&id) {
                 continue;
             }
-            if policy.every.is_some_and(|k| id.0 % k as u64 == 0) {
+            if policy
+                .every
+                .is_some_and(|k| k > 0 && id.0.is_multiple_of(k as u64))
+            {
                 continue;
             }
             let outside_window = policy.last.is_some() || policy.best.is_some();

@@ -21,7 +21,13 @@ pub struct Stats {
     pub unique_chunks: usize,
     /// Bytes of those chunks: the tensor data actually held.
     pub unique_bytes: usize,
-    /// What one deep copy of the working state and of every live version would hold.
+    /// Memory the buffers of those chunks hold: at least `unique_bytes`, since buffers
+    /// are whole 8-byte words and a buffer taken from the pool has the full `chunk_bytes`
+    /// even when its chunk is shorter (the last chunk of a tensor, or chunks of whole rows
+    /// that fill a chunk only in part).
+    pub held_bytes: usize,
+    /// What one deep copy of the working state and of every live version would hold
+    /// (saturating at `usize::MAX`).
     pub logical_bytes: usize,
     /// `logical_bytes / unique_bytes` (1.0 when nothing is held).
     pub sharing_ratio: f64,
@@ -60,15 +66,18 @@ impl Store {
     pub fn stats(&self) -> Stats {
         let unique = self.unique_chunks();
         let unique_bytes: usize = unique.iter().map(|c| c.len_bytes()).sum();
-        let logical_bytes: usize = self
+        let held_bytes: usize = unique.iter().map(|c| c.held_bytes()).sum();
+        // Deep copies of many versions can count more bytes than a `usize` holds.
+        let logical_bytes = self
             .all_vars()
-            .map(|v| v.values().map(|t| t.nbytes()).sum::<usize>())
-            .sum();
+            .flat_map(|v| v.values())
+            .fold(0usize, |a, t| a.saturating_add(t.nbytes()));
         Stats {
             versions: self.hist.live().count(),
             variables: self.working.len(),
             unique_chunks: unique.len(),
             unique_bytes,
+            held_bytes,
             logical_bytes,
             sharing_ratio: if unique_bytes == 0 {
                 1.0
@@ -82,7 +91,7 @@ impl Store {
     /// Check everything: recompute the hash of every distinct chunk (in parallel, once per
     /// chunk) against its cached hash (caching it where none was), check every tensor's
     /// layout, and check the tree: parents and children agree, parents are older, refs,
-    /// HEAD and the redo path point at live versions.
+    /// HEAD, the redo path and the reflog point at live versions.
     ///
     /// O(size of distinct chunks) hashing + O(versions + chunks).
     ///
@@ -128,6 +137,11 @@ impl Store {
                 return bad(format!("HEAD is attached to `{b}`, which does not exist"));
             }
             _ => {}
+        }
+        for (name, v) in &self.hist.reflog {
+            if self.hist.node(*v).is_err() {
+                return bad(format!("reflog entry of `{name}` holds {v}, not live"));
+            }
         }
         for r in &self.hist.redo {
             if self.hist.node(*r).is_err() {

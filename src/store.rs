@@ -53,8 +53,11 @@ impl Store {
     /// [`Error::InvalidConfig`] if [`Config::validate`] fails.
     pub fn with_config(config: Config) -> Result<Store> {
         config.validate()?;
-        let pool = (config.recycle_bytes >= config.chunk_bytes)
-            .then(|| Pool::new(config.chunk_bytes, config.recycle_bytes));
+        // No chunk is larger than an allocation can be, so a larger `chunk_bytes` needs no
+        // pool of full-size buffers.
+        let pool = (config.recycle_bytes >= config.chunk_bytes
+            && isize::try_from(config.chunk_bytes).is_ok())
+        .then(|| Pool::new(config.chunk_bytes, config.recycle_bytes));
         Ok(Store {
             alloc: Alloc::new(pool.clone()),
             pool,
@@ -92,7 +95,8 @@ impl Store {
     /// # Errors
     ///
     /// [`Error::VariableExists`]; [`Error::InvalidConfig`] if `chunk_bytes` is smaller
-    /// than one element of `T`.
+    /// than one element of `T`; [`Error::TooLarge`] if the array's logical size exceeds
+    /// `isize::MAX` bytes (a broadcast view of a huge shape).
     pub fn insert<T, S, D>(&mut self, name: &str, array: &ArrayBase<S, D>) -> Result<()>
     where
         T: Element,
@@ -109,7 +113,8 @@ impl Store {
     /// # Errors
     ///
     /// [`Error::VariableExists`]; [`Error::InvalidConfig`] if `chunk_bytes` is smaller
-    /// than one element of `T`.
+    /// than one element of `T`; [`Error::TooLarge`] if the array's logical size exceeds
+    /// `isize::MAX` bytes (a broadcast view of a huge shape).
     pub fn insert_chunked<T, S, D>(
         &mut self,
         name: &str,
@@ -194,7 +199,10 @@ impl Store {
     /// last-level cache (`Config::stream_threshold_bytes`), the data is memory-bound:
     /// streaming stores pay, and so does splitting even a few MiB over both cores.
     fn write_ctx(&self) -> WriteCtx {
-        let bytes: usize = self.working.values().map(Tensor::nbytes).sum();
+        let bytes = self
+            .working
+            .values()
+            .fold(0usize, |a, t| a.saturating_add(t.nbytes()));
         let cold = bytes >= self.config.stream_threshold_bytes;
         WriteCtx {
             alloc: self.alloc.clone(),
@@ -408,7 +416,8 @@ impl Store {
     }
 
     /// Whether the working state differs from HEAD (before the first commit: whether it
-    /// has any variable).
+    /// has any variable). A variable re-inserted with the same values but another chunk
+    /// size counts as a change (its content hash differs).
     ///
     /// O(variables) when nothing was written since HEAD; else pointer compares of the
     /// written tensors' chunks, and a content compare (cached hashes or bytes) only of
@@ -436,8 +445,12 @@ impl Store {
     }
 
     /// Make the working state equal version `id` (uncommitted changes are dropped) and
-    /// move HEAD, and the branch it is attached to, there. Later versions stay in the tree.
-    /// Clears the redo path. O(1).
+    /// move HEAD there. **When HEAD is attached to a branch, the branch moves to `id`
+    /// too** (like `git reset --hard`), and HEAD stays attached; to look at a version
+    /// without moving any branch, use [`checkout_detached`](Store::checkout_detached).
+    /// Later versions stay in the tree; the version the branch (or a detached HEAD) left
+    /// goes to the [`reflog`](Store::reflog) if no ref points at it any more, so
+    /// retention does not drop it right away. Clears the redo path. O(1).
     ///
     /// # Errors
     ///
@@ -445,13 +458,68 @@ impl Store {
     pub fn restore(&mut self, id: VersionId) -> Result<()> {
         let vars = self.hist.node(id)?.vars.clone();
         self.working = vars;
-        self.hist.move_head(id);
+        self.hist.move_head_logged(id, self.config.reflog_entries);
         self.hist.redo.clear();
         Ok(())
     }
 
+    /// Detach HEAD at version `id` and make the working state equal it (uncommitted
+    /// changes are dropped): no branch moves, and commits made from there move no branch
+    /// either (start one with [`branch`](Store::branch) and [`checkout`](Store::checkout)
+    /// to keep them). The way to go to a tag or any old version and look around, like
+    /// `git checkout --detach`. Clears the redo path. O(1).
+    ///
+    /// ```
+    /// # use tensor_history::Store;
+    /// # use ndarray::array;
+    /// let mut store = Store::new();
+    /// store.insert("w", &array![0.0f32])?;
+    /// let v0 = store.commit("v0")?;
+    /// store.tag("ckpt", v0)?;
+    /// store.write("w", &array![1.0f32])?;
+    /// let v1 = store.commit("main tip")?;
+    /// store.checkout_detached(store.resolve("ckpt")?)?;
+    /// assert_eq!((store.head(), store.current_branch()), (Some(v0), None));
+    /// assert_eq!(store.resolve("main")?, v1); // the branch did not move
+    /// # Ok::<(), tensor_history::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::UnknownVersion`], [`Error::PrunedVersion`].
+    pub fn checkout_detached(&mut self, id: VersionId) -> Result<()> {
+        let vars = self.hist.node(id)?.vars.clone();
+        let from = self.hist.head_id();
+        let name = self.hist.head_branch().unwrap_or("HEAD").to_owned();
+        self.working = vars;
+        self.hist.head = Head::Detached(id);
+        self.hist.log_left(from, name, self.config.reflog_entries);
+        self.hist.redo.clear();
+        Ok(())
+    }
+
+    /// The reflog, newest first: versions that HEAD (and the branch it was attached to)
+    /// left through [`restore`](Store::restore), [`undo`](Store::undo),
+    /// [`redo`](Store::redo), [`checkout`](Store::checkout) or
+    /// [`checkout_detached`](Store::checkout_detached) while no branch or tag pointed at
+    /// them any more, each with the branch HEAD was attached to (`HEAD` when detached).
+    /// At most [`Config::reflog_entries`] entries, each version once; pruning keeps
+    /// these versions. O(entries).
+    #[must_use]
+    pub fn reflog(&self) -> Vec<(String, VersionId)> {
+        self.hist.reflog.iter().rev().cloned().collect()
+    }
+
+    /// Empty the reflog, so that the next [`prune`](Store::prune) (or auto-retention)
+    /// may drop the versions it held. O(entries).
+    pub fn clear_reflog(&mut self) {
+        self.hist.reflog.clear();
+    }
+
     /// Move HEAD (and an attached branch) to its first parent and restore it, remembering
-    /// where it came from for [`redo`](Store::redo). Undo-tree semantics: a commit after
+    /// where it came from for [`redo`](Store::redo) (and in the [`reflog`](Store::reflog),
+    /// so that a commit after the undo, which clears the redo path, does not let
+    /// retention drop it right away). Undo-tree semantics: a commit after
     /// an undo starts a new branch of the tree; the old future stays reachable by id,
     /// [`children`](Store::children) and [`tips`](Store::tips). O(1) plus the dirty check.
     ///
@@ -471,7 +539,8 @@ impl Store {
             .first()
             .ok_or(Error::NothingToUndo)?;
         self.working = self.hist.node(parent)?.vars.clone();
-        self.hist.move_head(parent);
+        self.hist
+            .move_head_logged(parent, self.config.reflog_entries);
         self.hist.redo.push(head);
         Ok(parent)
     }
@@ -490,7 +559,7 @@ impl Store {
         let next = *self.hist.redo.last().ok_or(Error::NothingToRedo)?;
         self.working = self.hist.node(next)?.vars.clone();
         self.hist.redo.pop();
-        self.hist.move_head(next);
+        self.hist.move_head_logged(next, self.config.reflog_entries);
         Ok(next)
     }
 
@@ -535,13 +604,15 @@ impl Store {
         Ok(())
     }
 
-    /// Attach HEAD to branch `name` and restore its tip (uncommitted changes are dropped).
-    /// Clears the redo path. O(log refs).
+    /// Attach HEAD to branch `name` and make the working state its tip (uncommitted
+    /// changes are dropped). No branch moves. A detached HEAD's version that no ref holds
+    /// goes to the [`reflog`](Store::reflog). Clears the redo path. O(log refs).
     ///
     /// # Errors
     ///
     /// [`Error::UnknownRef`]; [`Error::WrongRefKind`] for a tag (use
-    /// `restore(store.resolve(tag)?)` to go there detached).
+    /// `checkout_detached(store.resolve(tag)?)` to go there detached; `restore` would
+    /// move the current branch to the tag).
     pub fn checkout(&mut self, name: &str) -> Result<()> {
         let tip = match self.hist.refs.get(name) {
             Some(Ref::Branch(v)) => *v,
@@ -558,7 +629,10 @@ impl Store {
             }
         };
         self.working = self.hist.node(tip)?.vars.clone();
+        let from = self.hist.head_id();
+        let left = self.hist.head_branch().unwrap_or("HEAD").to_owned();
         self.hist.head = Head::Branch(name.to_owned());
+        self.hist.log_left(from, left, self.config.reflog_entries);
         self.hist.redo.clear();
         Ok(())
     }
@@ -613,27 +687,30 @@ impl Store {
         Ok(())
     }
 
-    /// The version a branch or tag points at; `HEAD` resolves to the current version, and
-    /// `v12` to version 12 if it is live. O(log refs).
+    /// The version a name stands for, tried in this order: `HEAD` is the current
+    /// version; `v12` (or `12`) is version 12; any other name is a branch or tag. Ref
+    /// names can never read as a version id or `HEAD` (branch and tag creation refuse
+    /// them), so no ref hides a version. O(log refs).
     ///
     /// # Errors
     ///
-    /// [`Error::UnknownRef`], or [`Error::NoCommits`] for `HEAD` before the first commit.
+    /// [`Error::NoCommits`] for `HEAD` before the first commit;
+    /// [`Error::UnknownVersion`] or [`Error::PrunedVersion`] for a version id that is
+    /// not live; [`Error::UnknownRef`] for any other name that is not a branch or tag.
     pub fn resolve(&self, refname: &str) -> Result<VersionId> {
         if refname == "HEAD" {
             return self.hist.head_id().ok_or(Error::NoCommits);
         }
-        if let Some(r) = self.hist.refs.get(refname) {
-            return Ok(r.target());
-        }
         if let Ok(id) = refname.parse::<VersionId>() {
-            if refname.starts_with('v') && self.hist.node(id).is_ok() {
-                return Ok(id);
-            }
+            self.hist.node(id)?;
+            return Ok(id);
         }
-        Err(Error::UnknownRef {
-            name: refname.to_owned(),
-        })
+        match self.hist.refs.get(refname) {
+            Some(r) => Ok(r.target()),
+            None => Err(Error::UnknownRef {
+                name: refname.to_owned(),
+            }),
+        }
     }
 
     /// Every branch and tag, sorted by name. O(refs).
@@ -788,7 +865,9 @@ fn stats_for(t: &Tensor, (written, copied): (usize, usize)) -> WriteStats {
     }
 }
 
-/// Whether two variable maps hold the same names and contents (pointer fast paths first).
+/// Whether two variable maps hold the same names, contents and chunk layouts (pointer
+/// fast paths first): a variable cut into chunks of another size has another content
+/// hash, so it is a change to commit even with the same values.
 pub(crate) fn vars_equal(a: &Vars, b: &Vars) -> bool {
     if a.ptr_eq(b) {
         return true;
@@ -796,5 +875,5 @@ pub(crate) fn vars_equal(a: &Vars, b: &Vars) -> bool {
     a.len() == b.len()
         && a.iter()
             .zip(b.iter())
-            .all(|((ka, ta), (kb, tb))| ka == kb && ta.content_eq(tb))
+            .all(|((ka, ta), (kb, tb))| ka == kb && ta.same_layout(tb) && ta.content_eq(tb))
 }

@@ -93,17 +93,24 @@ pub struct Tensor {
     chunks: ChunkVec,
 }
 
-// Invariant: `chunk_elems >= 1`; `chunks.len() == ceil(len / chunk_elems)`; chunk `i`
-// holds elements `i * chunk_elems .. min(len, (i + 1) * chunk_elems)`, as bytes.
+// Invariant: `chunk_elems >= 1`; `len * dtype.size() <= isize::MAX`;
+// `chunks.len() == ceil(len / chunk_elems)`; chunk `i` holds elements
+// `i * chunk_elems .. min(len, (i + 1) * chunk_elems)`, as bytes.
 
-/// What a [`Store::write`](crate::Store::write) (or a write-back) changed.
+/// What a write ([`Store::write`](crate::Store::write), the `update` family, or a copy
+/// into an array) changed.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct WriteStats {
-    /// Chunks whose bytes changed (and were copied).
+    /// Chunks whose bytes changed. One exception: [`Store::update`](crate::Store::update)
+    /// and [`Store::update_range`](crate::Store::update_range) write a chunk that the
+    /// working state alone holds in place, and count it whether or not the closure changed
+    /// a byte (telling would need a copy of the old bytes).
     pub chunks_changed: usize,
     /// Chunks in the tensor.
     pub chunks_total: usize,
-    /// Bytes copied.
+    /// Bytes copied: by `write` and the copies into arrays, the bytes of the changed
+    /// chunks; by the `update` family, the bytes of the chunks copied on write (0 for a
+    /// chunk written in place).
     pub bytes_copied: usize,
 }
 
@@ -118,8 +125,7 @@ pub(crate) fn chunk_elems_for(shape: &[usize], dtype: DType, chunk_bytes: usize)
         });
     }
     let per = chunk_bytes / dtype.size();
-    if let Some((_, rest)) = shape.split_first() {
-        let row: usize = rest.iter().product();
+    if let Some(row) = row_len(shape) {
         if row > 0 && row <= per {
             return Ok(per / row * row);
         }
@@ -127,8 +133,35 @@ pub(crate) fn chunk_elems_for(shape: &[usize], dtype: DType, chunk_bytes: usize)
     Ok(per)
 }
 
+/// Number of elements of `shape`; `None` if it overflows `usize` (a shape with a zero
+/// axis has 0 elements, whatever the other axes).
 pub(crate) fn shape_len(shape: &[usize]) -> Option<usize> {
+    if shape.contains(&0) {
+        return Some(0);
+    }
     shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d))
+}
+
+/// Elements in one row of the outermost axis (`None` for a scalar, or if the count
+/// overflows `usize`).
+fn row_len(shape: &[usize]) -> Option<usize> {
+    shape_len(shape.split_first()?.1)
+}
+
+/// Bytes of a tensor of `shape` and `dtype`, checked: at most `isize::MAX`, the most any
+/// allocation can hold.
+///
+/// # Errors
+///
+/// [`Error::TooLarge`] when the size overflows or exceeds `isize::MAX`.
+pub(crate) fn checked_nbytes(shape: &[usize], dtype: DType) -> Result<usize> {
+    shape_len(shape)
+        .and_then(|n| n.checked_mul(dtype.size()))
+        .filter(|&b| isize::try_from(b).is_ok())
+        .ok_or_else(|| Error::TooLarge {
+            shape: shape.to_vec(),
+            dtype,
+        })
 }
 
 impl Tensor {
@@ -139,7 +172,9 @@ impl Tensor {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidConfig`] if `chunk_bytes` is smaller than one element.
+    /// [`Error::InvalidConfig`] if `chunk_bytes` is smaller than one element;
+    /// [`Error::TooLarge`] if the array's logical size exceeds `isize::MAX` bytes (a
+    /// broadcast view of a huge shape).
     pub fn from_array<T, S, D>(array: &ArrayBase<S, D>, chunk_bytes: usize) -> Result<Tensor>
     where
         T: Element,
@@ -160,6 +195,7 @@ impl Tensor {
         D: Dimension,
     {
         let shape: Arc<[usize]> = array.shape().into();
+        checked_nbytes(&shape, T::DTYPE)?;
         let chunk_elems = chunk_elems_for(&shape, T::DTYPE, chunk_bytes)?;
         let std = array.as_standard_layout();
         let flat = std.as_slice().ok_or_else(|| Error::Corrupt {
@@ -227,7 +263,8 @@ impl Tensor {
     /// Number of elements. O(ndim).
     #[must_use]
     pub fn len(&self) -> usize {
-        self.shape.iter().product()
+        // Every constructor checked that the size fits (see `checked_nbytes`).
+        shape_len(&self.shape).unwrap_or(usize::MAX)
     }
 
     /// Whether the tensor has no elements.
@@ -239,7 +276,7 @@ impl Tensor {
     /// Logical size in bytes (what a deep copy holds).
     #[must_use]
     pub fn nbytes(&self) -> usize {
-        self.len() * self.dtype.size()
+        self.len().saturating_mul(self.dtype.size())
     }
 
     /// Elements per chunk (the last chunk may hold fewer).
@@ -257,8 +294,7 @@ impl Tensor {
     /// Rows of the outermost axis per chunk, when chunks hold whole rows.
     #[must_use]
     pub fn rows_per_chunk(&self) -> Option<usize> {
-        let (_, rest) = self.shape.split_first()?;
-        let row: usize = rest.iter().product();
+        let row = row_len(&self.shape)?;
         (row > 0 && self.chunk_elems.is_multiple_of(row)).then(|| self.chunk_elems / row)
     }
 
@@ -273,12 +309,13 @@ impl Tensor {
         self.chunks.iter()
     }
 
-    /// Flat element range held by chunk `i`.
+    /// Flat element range held by chunk `i`; an empty range at the end (`len..len`) for
+    /// an `i` past the last chunk. O(ndim).
     #[must_use]
     pub fn chunk_range(&self, i: usize) -> Range<usize> {
         let len = self.len();
-        let start = (i * self.chunk_elems).min(len);
-        start..(start + self.chunk_elems).min(len)
+        let start = i.checked_mul(self.chunk_elems).map_or(len, |s| s.min(len));
+        start..start.saturating_add(self.chunk_elems).min(len)
     }
 
     /// The chunks as typed slices, in order. Zero-copy.
@@ -298,15 +335,19 @@ impl Tensor {
     ///
     /// [`Error::DTypeMismatch`] if `T` is not the tensor's dtype; [`Error::NotRowAligned`]
     /// if a row does not fit in a chunk, rows have zero elements, or the tensor is a
-    /// scalar.
+    /// scalar (its `row_bytes` saturates at `usize::MAX` for a row too large to count,
+    /// such as the rows of a `[0, 2^61]` tensor of `f64`).
     pub fn row_blocks<T: Element>(
         &self,
     ) -> Result<impl Iterator<Item = (Range<usize>, ArrayViewD<'_, T>)> + '_> {
         self.check_dtype::<T>("")?;
-        let row: usize = self.shape.iter().skip(1).product();
-        let rows_per_chunk = self.rows_per_chunk().ok_or(Error::NotRowAligned {
-            row_bytes: row * self.dtype.size(),
+        let rows_per_chunk = self.rows_per_chunk().ok_or_else(|| Error::NotRowAligned {
+            row_bytes: shape_len(self.shape.get(1..).unwrap_or(&[]))
+                .unwrap_or(usize::MAX)
+                .saturating_mul(self.dtype.size()),
         })?;
+        // `rows_per_chunk` exists, so the row length is known and at least 1.
+        let row = self.chunk_elems / rows_per_chunk;
         Ok(self.chunks.iter().enumerate().map(move |(i, c)| {
             let data = c.as_slice::<T>();
             let rows = data.len() / row;
@@ -684,7 +725,7 @@ impl Tensor {
         ctx: &WriteCtx,
         other: Option<&[T]>,
         into: impl Fn(&[T], &[T], &mut [T]) -> bool + Sync,
-        in_place: impl Fn(&mut [T], &[T]) + Sync,
+        in_place: impl Fn(&mut [T], &[T]) -> bool + Sync,
     ) -> (usize, usize) {
         let ce = self.chunk_elems;
         let bytes = self.nbytes();
@@ -694,8 +735,8 @@ impl Tensor {
             let n = chunk.len_bytes() / std::mem::size_of::<T>();
             let o = other.map_or(&[][..], |o| &o[i * ce..i * ce + n]);
             if let Some(data) = chunk.get_mut() {
-                in_place(data.slice_mut::<T>(), o);
-                return (1, 0);
+                // Counted only if a bit changed (the cached hash is reset either way).
+                return (usize::from(in_place(data.slice_mut::<T>(), o)), 0);
             }
             let len = chunk.len_bytes();
             let mut data = alloc.data(len);
@@ -749,7 +790,9 @@ impl Tensor {
         let bad = |reason: String| Error::Corrupt {
             reason: format!("tensor `{name}`: {reason}"),
         };
-        let len = shape_len(&self.shape).ok_or_else(|| bad("shape overflows".into()))?;
+        let len = checked_nbytes(&self.shape, self.dtype)
+            .map_err(|_| bad("shape larger than memory can address".into()))?
+            / self.dtype.size();
         if self.chunk_elems == 0 {
             return Err(bad("zero elements per chunk".into()));
         }

@@ -1,6 +1,7 @@
 //! Every error path of the history API returns the documented error and leaves the
 //! store exactly as it was: the same `log_graph()`, HEAD, branch, refs, versions,
-//! working state (bytes) and dirty flag, and the same undo/redo behaviour afterwards.
+//! working state (bytes), dirty flag, reflog and buffer pool, and the same undo/redo
+//! behaviour afterwards.
 
 mod common;
 
@@ -21,6 +22,8 @@ struct State {
     tips: Vec<VersionId>,
     working: Vec<(String, DType, Vec<usize>, Vec<u8>)>,
     dirty: bool,
+    reflog: Vec<(String, VersionId)>,
+    pooled_bytes: usize,
 }
 
 fn state(store: &Store) -> State {
@@ -41,6 +44,8 @@ fn state(store: &Store) -> State {
             })
             .collect(),
         dirty: store.is_dirty(),
+        reflog: store.reflog(),
+        pooled_bytes: store.pooled_bytes(),
     }
 }
 
@@ -145,6 +150,7 @@ fn pruned_version_changes_nothing() {
     store.undo().unwrap();
     make_dirty(&mut store);
     store.commit("replaces it").unwrap();
+    store.clear_reflog(); // the reflog holds the undone version until cleared
     let dropped = store
         .prune(&Retention::default().drop_unreachable(true))
         .unwrap()
@@ -181,9 +187,9 @@ fn unknown_ref_changes_nothing() {
     ));
     assert!(want(&fails_unchanged(&mut store, |s| s.delete_tag("nope"))));
     assert!(want(&fails_unchanged(&mut store, |s| s.resolve("nope"))));
-    // `v7` names no ref and no live version.
+    // `v7` reads as a version id (no ref can have that name), and no version 7 exists.
     let err = fails_unchanged(&mut store, |s| s.resolve("v7"));
-    assert!(matches!(err, Error::UnknownRef { name } if name == "v7"));
+    assert!(matches!(err, Error::UnknownVersion { id } if id == VersionId(7)));
 }
 
 #[test]

@@ -4,6 +4,7 @@
 //! the refs, the versions, their parents, children and contents, the errors and
 //! `verify()` must agree with the model.
 
+mod common;
 mod model;
 
 use ndarray::ArrayD;
@@ -21,8 +22,8 @@ const VAR_NAMES: [&str; 3] = ["a", "b", "c"];
 /// Scalars, empty, one chunk, one chunk plus one, several chunks, whole rows per chunk
 /// (5 per row: 15 elements per chunk) and rows split across chunks (20 per row).
 const SHAPES: &[&[usize]] = &[&[], &[0], &[5], &[16], &[17], &[40], &[3, 5], &[2, 20]];
-/// The first five are valid ref names, the rest are not.
-const REF_NAMES: [&str; 8] = ["main", "dev", "exp", "v1", "t", "", "HEAD", "a b"];
+/// The first four are valid ref names, the rest are not (`v1` reads as a version id).
+const REF_NAMES: [&str; 8] = ["main", "dev", "exp", "t", "v1", "", "HEAD", "a b"];
 /// Losses recorded by commits: none, numbers (with ties, an integer and NaN, which never
 /// ranks) and values that are not numbers.
 const LOSSES: [Option<Value>; 9] = [
@@ -96,6 +97,9 @@ enum Op {
     Checkout {
         name: usize,
     },
+    CheckoutDetached {
+        id: usize,
+    },
     DeleteBranch {
         name: usize,
     },
@@ -156,7 +160,7 @@ impl Op {
 }
 
 fn ref_name() -> impl Strategy<Value = usize> {
-    prop_oneof![9 => 0..5usize, 1 => 5..REF_NAMES.len()]
+    prop_oneof![9 => 0..4usize, 1 => 4..REF_NAMES.len()]
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -181,6 +185,7 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (ref_name(), id.clone()).prop_map(|(name, id)| Op::Branch { name, id }),
         1 => (ref_name(), id.clone()).prop_map(|(name, id)| Op::Tag { name, id }),
         2 => ref_name().prop_map(|name| Op::Checkout { name }),
+        1 => id.clone().prop_map(|id| Op::CheckoutDetached { id }),
         1 => ref_name().prop_map(|name| Op::DeleteBranch { name }),
         1 => ref_name().prop_map(|name| Op::DeleteTag { name }),
         1 => Just(Op::Detach),
@@ -454,6 +459,11 @@ fn apply(store: &mut Store, model: &mut Model, op: &Op, step: usize) -> Result<(
             let want = model.checkout(name);
             agree(op, store.checkout(name), want)?;
         }
+        Op::CheckoutDetached { id } => {
+            let id = pick_id(*id, model);
+            let want = model.checkout_detached(id);
+            agree(op, store.checkout_detached(vid(id)), want)?;
+        }
         Op::DeleteBranch { name } => {
             let name = REF_NAMES[*name];
             let want = model.delete_ref(name, true);
@@ -556,6 +566,13 @@ fn check(store: &Store, model: &Model) -> Result<(), TestCaseError> {
     prop_assert_eq!(store.current_branch(), model.head_branch());
     let refs: Vec<(String, Ref)> = model.refs.iter().map(|(k, v)| (k.clone(), *v)).collect();
     prop_assert_eq!(store.refs(), refs);
+    let reflog: Vec<(String, VersionId)> = model
+        .reflog
+        .iter()
+        .rev()
+        .map(|(name, v)| (name.clone(), vid(*v)))
+        .collect();
+    prop_assert_eq!(store.reflog(), reflog);
     let live = model.live();
     prop_assert_eq!(
         store.versions(),
@@ -649,7 +666,7 @@ fn run(max_versions: Option<usize>, ops: &[Op]) -> Result<(), TestCaseError> {
 
 proptest! {
     #![proptest_config(ProptestConfig {
-        cases: 128,
+        cases: common::cases(128),
         failure_persistence: Some(Box::new(FileFailurePersistence::Direct(
             "proptest-regressions/history_model.txt",
         ))),

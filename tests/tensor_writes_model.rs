@@ -418,7 +418,7 @@ fn run_model_in<T: ModelElem>(mut store: Store, shape: &[usize], ops: &[Op]) {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(256))]
+    #![proptest_config(ProptestConfig::with_cases(common::cases(256)))]
 
     #[test]
     fn random_writes_on_f32_match_a_vec_model(

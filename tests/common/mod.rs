@@ -75,3 +75,12 @@ pub fn chunks_of(elems: impl IntoIterator<Item = usize>, chunk_elems: usize) -> 
         elems.into_iter().map(|i| i / chunk_elems).collect();
     set.into_iter().collect()
 }
+
+/// Cases per property test: `TH_PROPTEST_CASES` (or proptest's own `PROPTEST_CASES`)
+/// from the environment, else `default`. Long oracle runs set it in release builds.
+pub fn cases(default: u32) -> u32 {
+    ["TH_PROPTEST_CASES", "PROPTEST_CASES"]
+        .iter()
+        .find_map(|k| std::env::var(k).ok()?.parse().ok())
+        .unwrap_or(default)
+}

@@ -139,15 +139,22 @@ pub fn diff_model(a: &MVars, b: &MVars) -> Diff {
     Diff { vars }
 }
 
-/// Weighted mean of equal-length slices, `Σ (w_i / Σw) · x_i` in `f64`, rounded once.
+/// Weighted mean of equal-length slices, `Σ (w_i / Σw) · x_i` in `f64`, rounded once;
+/// terms of weight 0 are left out (a NaN of weight 0 does not count), and a sum of
+/// weights that overflows is taken over the weights halved often enough.
 pub fn mean_of(parts: &[&[f32]], weights: &[f64]) -> Vec<f32> {
-    let total: f64 = weights.iter().sum();
+    let mut scale = 1.0;
+    while !weights.iter().map(|w| w * scale).sum::<f64>().is_finite() {
+        scale *= 0.5;
+    }
+    let total: f64 = weights.iter().map(|w| w * scale).sum();
     (0..parts[0].len())
         .map(|j| {
             let s: f64 = parts
                 .iter()
                 .zip(weights)
-                .map(|(x, w)| f64::from(x[j]) * (w / total))
+                .filter(|(_, w)| **w != 0.0)
+                .map(|(x, w)| f64::from(x[j]) * (w * scale / total))
                 .sum();
             s as f32
         })
@@ -192,6 +199,10 @@ pub struct Model {
     pub redo: Vec<u64>,
     pub working: MVars,
     pub max_versions: Option<usize>,
+    /// Versions HEAD left while no ref pointed at them, with HEAD's branch (or `HEAD`),
+    /// oldest first, each version once, at most `reflog_cap`.
+    pub reflog: Vec<(String, u64)>,
+    pub reflog_cap: usize,
 }
 
 pub type MResult<T> = Result<T, Error>;
@@ -221,7 +232,43 @@ impl Model {
             redo: Vec::new(),
             working: MVars::new(),
             max_versions,
+            reflog: Vec::new(),
+            reflog_cap: tensor_history::DEFAULT_REFLOG_ENTRIES,
         }
+    }
+
+    /// Note that HEAD (on branch `name`, or `HEAD`) left `from`, unless something holds it.
+    pub fn log_left(&mut self, from: Option<u64>, name: String) {
+        let Some(from) = from else { return };
+        if self.head_id() == Some(from) || self.refs.values().any(|r| r.target().0 == from) {
+            return;
+        }
+        self.reflog.retain(|(_, v)| *v != from);
+        self.reflog.push((name, from));
+        if self.reflog.len() > self.reflog_cap {
+            let extra = self.reflog.len() - self.reflog_cap;
+            self.reflog.drain(..extra);
+        }
+    }
+
+    fn head_name(&self) -> String {
+        self.head_branch().unwrap_or("HEAD").to_owned()
+    }
+
+    /// Move HEAD (and its branch) to `id`, noting what it left in the reflog.
+    pub fn move_head_logged(&mut self, id: u64) {
+        let (from, name) = (self.head_id(), self.head_name());
+        self.move_head(id);
+        self.log_left(from, name);
+    }
+
+    pub fn checkout_detached(&mut self, id: u64) -> MResult<()> {
+        self.working = self.node(id)?.vars.clone();
+        let (from, name) = (self.head_id(), self.head_name());
+        self.head = MHead::Detached(id);
+        self.log_left(from, name);
+        self.redo.clear();
+        Ok(())
     }
 
     pub fn node(&self, id: u64) -> MResult<&MNode> {
@@ -384,9 +431,10 @@ impl Model {
         unreachable: bool,
         best: Option<(usize, Goal)>,
     ) -> Vec<u64> {
-        // Always kept: HEAD, every ref's version, the redo path.
+        // Always kept: HEAD, every ref's version, the reflog, the redo path.
         let mut roots: Vec<u64> = self.refs.values().map(|r| r.target().0).collect();
         roots.extend(self.head_id());
+        roots.extend(self.reflog.iter().map(|(_, v)| *v));
         roots.extend(self.redo.iter().copied());
         let mut keep: BTreeSet<u64> = roots.iter().copied().collect();
         let reachable: BTreeSet<u64> = roots.iter().flat_map(|r| self.ancestors(*r)).collect();
@@ -429,7 +477,13 @@ impl Model {
     }
 
     pub fn check_ref_name(name: &str) -> MResult<()> {
-        if name.is_empty() || name == "HEAD" || name.chars().any(char::is_whitespace) {
+        let digits = name.strip_prefix('v').unwrap_or(name);
+        let version_like = !digits.is_empty() && digits.chars().all(|c| c.is_ascii_digit());
+        if name.is_empty()
+            || name == "HEAD"
+            || version_like
+            || name.chars().any(|c| c.is_whitespace() || c.is_control())
+        {
             Err(Error::InvalidRefName {
                 name: name.to_owned(),
             })
@@ -485,7 +539,9 @@ impl Model {
             }),
             Some(Ref::Branch(v)) => {
                 self.working = self.node(v.0)?.vars.clone();
+                let (from, left) = (self.head_id(), self.head_name());
                 self.head = MHead::Branch(name.to_owned());
+                self.log_left(from, left);
                 self.redo.clear();
                 Ok(())
             }
@@ -494,7 +550,7 @@ impl Model {
 
     pub fn restore(&mut self, id: u64) -> MResult<()> {
         self.working = self.node(id)?.vars.clone();
-        self.move_head(id);
+        self.move_head_logged(id);
         self.redo.clear();
         Ok(())
     }
@@ -510,7 +566,7 @@ impl Model {
             .first()
             .ok_or(Error::NothingToUndo)?;
         self.working = self.node(parent)?.vars.clone();
-        self.move_head(parent);
+        self.move_head_logged(parent);
         self.redo.push(head);
         Ok(parent)
     }
@@ -521,7 +577,7 @@ impl Model {
         }
         let next = self.redo.pop().ok_or(Error::NothingToRedo)?;
         self.working = self.node(next)?.vars.clone();
-        self.move_head(next);
+        self.move_head_logged(next);
         Ok(next)
     }
 
