@@ -1,8 +1,9 @@
 //! The history tree as text (like `git log --graph --oneline`) and as Graphviz DOT.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::fmt::Write as _;
 
+use crate::error::Result;
 use crate::history::{Head, Ref, VersionId};
 use crate::store::Store;
 use crate::text;
@@ -138,8 +139,25 @@ impl Store {
     /// `\u{hex}`. O(versions).
     #[must_use]
     pub fn to_dot(&self) -> String {
+        self.dot_of(None)
+    }
+
+    /// Like [`to_dot`](Store::to_dot), showing only `id` and its ancestors (and the refs
+    /// and HEAD that point at them). O(versions).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::UnknownVersion`](crate::Error::UnknownVersion),
+    /// [`Error::PrunedVersion`](crate::Error::PrunedVersion).
+    pub fn to_dot_from(&self, id: VersionId) -> Result<String> {
+        let shown: HashSet<VersionId> = self.hist.ancestors(id)?.into_iter().collect();
+        Ok(self.dot_of(Some(&shown)))
+    }
+
+    fn dot_of(&self, only: Option<&HashSet<VersionId>>) -> String {
+        let shown = |id: &VersionId| only.is_none_or(|s| s.contains(id));
         let mut out = String::from("digraph history {\n  rankdir=BT;\n  node [shape=ellipse];\n");
-        for (id, node) in self.hist.live() {
+        for (id, node) in self.hist.live().filter(|(id, _)| shown(id)) {
             let meta = if node.meta.is_empty() {
                 String::new()
             } else {
@@ -156,7 +174,7 @@ impl Store {
                 let _ = writeln!(out, "  {} -> {};", id.0, p.0);
             }
         }
-        for (name, r) in &self.hist.refs {
+        for (name, r) in self.hist.refs.iter().filter(|(_, r)| shown(&r.target())) {
             let (shape, label) = match r {
                 Ref::Branch(_) => ("box", name.clone()),
                 Ref::Tag(_) => ("note", format!("tag: {name}")),
@@ -169,7 +187,7 @@ impl Store {
                 r.target().0
             );
         }
-        if let Some(h) = self.hist.head_id() {
+        if let Some(h) = self.hist.head_id().filter(shown) {
             let _ = writeln!(
                 out,
                 "  HEAD [shape=box, style=bold];\n  HEAD -> {} [style=dashed];",

@@ -1,5 +1,6 @@
 //! Version metadata: recorded with commits, merges and averages, read back from the store
-//! and from snapshots, shown by `log_graph` and `to_dot`, and ranked by `keep_best`.
+//! and from snapshots, shown by `log_graph` and `to_dot` (and `to_dot_from`), and ranked by
+//! `keep_best`.
 
 use ndarray::array;
 use tensor_history::{Error, Goal, MergeStrategy, Meta, Retention, Store, Value, VersionId};
@@ -303,4 +304,27 @@ fn f32_values_are_recorded_by_their_shortest_decimal_form() {
     assert_eq!(Value::from(f32::INFINITY), Value::Float(f64::INFINITY));
     assert!(matches!(Value::from(f32::NAN), Value::Float(x) if x.is_nan()));
     assert_eq!(Meta::new().with("lr", 0.05f32).to_string(), "lr=0.05");
+}
+
+#[test]
+fn to_dot_from_shows_only_one_ancestry_and_its_refs() {
+    let mut store = store_with_w();
+    let v0 = store.commit("init").unwrap();
+    let v1 = store.commit("a").unwrap();
+    store.branch("side", v0).unwrap();
+    store.checkout("side").unwrap();
+    let v2 = store.commit("b").unwrap();
+    let dot = store.to_dot_from(v1).unwrap();
+    assert!(dot.contains(&format!("  {} -> {};", v1.0, v0.0)), "{dot}");
+    assert!(!dot.contains(&format!("  {} [label", v2.0)), "{dot}");
+    assert!(
+        dot.contains("ref:main") && !dot.contains("ref:side"),
+        "{dot}"
+    );
+    assert!(!dot.contains("HEAD"), "HEAD is on `side`: {dot}");
+    assert_eq!(
+        store.to_dot_from(VersionId(9)),
+        Err(Error::UnknownVersion { id: VersionId(9) })
+    );
+    assert_eq!(store.to_dot_from(v2).unwrap().matches("[label").count(), 2);
 }
