@@ -1,0 +1,131 @@
+"""Exceptions raised by tensor_history: one class per kind of error of the Rust core.
+
+Every class derives from :class:`TensorHistoryError` and from the built-in exception that
+fits (``KeyError`` for unknown names, ``TypeError`` for dtypes, ``ValueError`` for shapes
+and arguments, ``OSError`` for storage). The error's fields are attributes. A call that
+raises has changed nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class TensorHistoryError(Exception):
+    """Base class of every error raised by tensor_history."""
+
+    def __init__(self, message: str = "", **attrs: Any) -> None:
+        super().__init__(message)
+        for key, value in attrs.items():
+            setattr(self, key, value)
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
+class UnknownVariable(TensorHistoryError, KeyError):
+    """No variable of that name (attribute ``name``)."""
+
+
+class VariableExists(TensorHistoryError, ValueError):
+    """A variable of that name already exists (``name``)."""
+
+
+class DTypeMismatch(TensorHistoryError, TypeError):
+    """The array's dtype is not the variable's (``name``, ``expected``, ``found``)."""
+
+
+class ShapeMismatch(TensorHistoryError, ValueError):
+    """The array's shape is not the variable's (``name``, ``expected``, ``found``)."""
+
+
+class RangeOutOfBounds(TensorHistoryError, IndexError):
+    """An element range outside the variable (``name``, ``start``, ``stop``, ``len``)."""
+
+
+class NotRowAligned(TensorHistoryError, ValueError):
+    """The tensor's chunks do not hold whole rows (``row_bytes``)."""
+
+
+class InvalidConfig(TensorHistoryError, ValueError):
+    """A store setting that cannot be used (``reason``)."""
+
+
+class InvalidHash(TensorHistoryError, ValueError):
+    """Text that is not a 64-digit hex content hash (``text``)."""
+
+
+class UnknownVersion(TensorHistoryError, KeyError):
+    """No version with this id was ever created (``id``)."""
+
+
+class PrunedVersion(TensorHistoryError, KeyError):
+    """The version was dropped by pruning (``id``)."""
+
+
+class UnknownRef(TensorHistoryError, KeyError):
+    """No branch or tag of that name (``name``)."""
+
+
+class RefExists(TensorHistoryError, ValueError):
+    """A branch or tag of that name already exists (``name``)."""
+
+
+class InvalidRefName(TensorHistoryError, ValueError):
+    """A ref name that is empty, has white space or is ``HEAD`` (``name``)."""
+
+
+class WrongRefKind(TensorHistoryError, TypeError):
+    """A tag where a branch is needed, or the reverse (``name``, ``expected``)."""
+
+
+class BranchCheckedOut(TensorHistoryError, ValueError):
+    """The branch HEAD is attached to cannot be deleted (``name``)."""
+
+
+class NoCommits(TensorHistoryError, ValueError):
+    """The call needs at least one commit."""
+
+
+class UncommittedChanges(TensorHistoryError, ValueError):
+    """Commit or discard the working state's changes first."""
+
+
+class NothingToUndo(TensorHistoryError, ValueError):
+    """HEAD has no parent."""
+
+
+class NothingToRedo(TensorHistoryError, ValueError):
+    """No undo since the last commit, restore or checkout."""
+
+
+class MergeConflict(TensorHistoryError, ValueError):
+    """Chunks changed on both sides (``conflicts``: list of ``(variable, chunks | None)``)."""
+
+
+class UnsupportedDType(TensorHistoryError, TypeError):
+    """A dtype the operation does not support (``name``, ``dtype``, ``operation``)."""
+
+
+class InvalidArgument(TensorHistoryError, ValueError):
+    """An argument that is not valid for the call (``reason``)."""
+
+
+class StorageError(TensorHistoryError, OSError):
+    """A storage backend failed (``path``, ``kind``, ``message``)."""
+
+
+class UnsupportedFormat(TensorHistoryError, ValueError):
+    """A repository format this version cannot read (``path``, ``found``)."""
+
+
+class Conflict(TensorHistoryError):
+    """A branch moved in the repository since it was last seen (``branch``)."""
+
+
+class Corrupt(TensorHistoryError):
+    """Data or an invariant failed its check (``reason``)."""
+
+
+class TrialError(TensorHistoryError, RuntimeError):
+    """A PyTorch tracker call made at the wrong time (``reason``)."""

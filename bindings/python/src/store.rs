@@ -1,0 +1,772 @@
+//! `Store`: the core store behind a mutex, every call made without the GIL.
+
+use std::collections::HashMap;
+use std::sync::{Mutex, PoisonError};
+use std::time::UNIX_EPOCH;
+
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+use tensor_history::{
+    Config, Error, MergeStrategy, Ref, Retention, Snapshot, Store, VersionId, WriteStats,
+};
+
+use crate::arrays::{self, on_view, View, ViewMut};
+use crate::errors::{self, OrPy};
+use crate::snapshot::PySnapshot;
+use crate::types::{
+    diff_dict, meta_dict, Meta, MetaMap, PyLogEntry, PyPruneStats, PyStats, PyVersion,
+    PyWriteStats, RefArg,
+};
+use crate::writeback::{check_targets, read_mapping, sync, write_mapping, write_targets};
+
+/// The state behind the lock: the core store and the commit metadata.
+struct Inner {
+    store: Store,
+    meta: HashMap<u64, MetaMap>,
+}
+
+/// Named arrays with their full version history, in memory.
+///
+/// Thread-safe: every call takes an internal lock with the GIL released, so several
+/// Python threads may share one store. Arrays must not be mutated by another thread while
+/// a call that reads or writes them runs.
+#[pyclass(frozen, module = "tensor_history", name = "Store")]
+pub(crate) struct PyStore {
+    inner: Mutex<Inner>,
+}
+
+type Written = Vec<(String, WriteStats)>;
+
+fn stats_dict<'py>(py: Python<'py>, stats: Written) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    for (name, s) in stats {
+        d.set_item(name, Py::new(py, PyWriteStats::from(s))?)?;
+    }
+    Ok(d)
+}
+
+fn head_or_err(s: &Store) -> Result<VersionId, Error> {
+    s.head().ok_or(Error::NoCommits)
+}
+
+fn resolve_opt(s: &Store, r: &Option<RefArg>) -> Result<VersionId, Error> {
+    match r {
+        Some(r) => r.resolve(s),
+        None => head_or_err(s),
+    }
+}
+
+fn known_snapshot(s: &Store, known: &Option<RefArg>) -> Result<Option<Snapshot>, Error> {
+    match known {
+        Some(k) => Ok(Some(s.snapshot(k.resolve(s)?)?)),
+        None => Ok(None),
+    }
+}
+
+impl PyStore {
+    /// Run `f` on the locked state with the GIL released: heavy work never blocks other
+    /// Python threads, and waiting for the lock cannot deadlock against the GIL.
+    fn run<R: Send>(&self, py: Python<'_>, f: impl FnOnce(&mut Inner) -> R + Send) -> R {
+        py.detach(|| {
+            let mut g = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+            f(&mut g)
+        })
+    }
+
+    /// Move HEAD with `op` after checking the targets against the version it reaches, then
+    /// write that version into the targets. `target` predicts where `op` goes (`None`: not
+    /// known in advance; then `rollback` undoes `op` if the targets do not fit).
+    fn move_and_write<'py>(
+        &self,
+        py: Python<'py>,
+        into: Option<&Bound<'py, PyAny>>,
+        known: Option<RefArg>,
+        target: impl FnOnce(&Store) -> Result<Option<VersionId>, Error> + Send,
+        op: impl FnOnce(&mut Store) -> Result<VersionId, Error> + Send,
+        rollback: impl FnOnce(&mut Store) + Send,
+    ) -> PyResult<(PyVersion, Bound<'py, PyDict>)> {
+        let mut guards = write_mapping(into)?;
+        let mut views: Vec<(String, ViewMut<'_>)> = guards
+            .iter_mut()
+            .map(|(n, g)| (n.clone(), g.view_mut()))
+            .collect();
+        let (id, written) = self
+            .run(py, |inner| -> Result<(VersionId, Written), Error> {
+                let s = &mut inner.store;
+                let known = known_snapshot(s, &known)?;
+                if views.is_empty() {
+                    return Ok((op(s)?, Vec::new()));
+                }
+                let predicted = target(s)?;
+                if let Some(t) = predicted {
+                    check_targets(&s.snapshot(t)?, &views)?;
+                }
+                let id = op(s)?;
+                let snap = s.snapshot(id)?;
+                if predicted.is_none() {
+                    if let Err(e) = check_targets(&snap, &views) {
+                        rollback(s);
+                        return Err(e);
+                    }
+                }
+                let written = write_targets(&snap, known.as_ref(), &mut views)?;
+                Ok((id, written))
+            })
+            .or_py()?;
+        Ok((id.into(), stats_dict(py, written)?))
+    }
+}
+
+#[pymethods]
+impl PyStore {
+    /// An empty store. `chunk_bytes`: largest chunk (default 256 KiB); `max_versions`:
+    /// keep at most this many versions per branch (default: all); `recycle_bytes`: freed
+    /// chunk buffers kept for reuse.
+    #[new]
+    #[pyo3(signature = (*, chunk_bytes = None, max_versions = None, recycle_bytes = None))]
+    fn new(
+        chunk_bytes: Option<usize>,
+        max_versions: Option<usize>,
+        recycle_bytes: Option<usize>,
+    ) -> PyResult<Self> {
+        let mut c = Config::default();
+        if let Some(b) = chunk_bytes {
+            c.chunk_bytes = b;
+        }
+        c.max_versions = max_versions;
+        if let Some(r) = recycle_bytes {
+            c.recycle_bytes = r;
+        }
+        let store = Store::with_config(c).or_py()?;
+        Ok(PyStore {
+            inner: Mutex::new(Inner {
+                store,
+                meta: HashMap::new(),
+            }),
+        })
+    }
+
+    /// Largest chunk in bytes.
+    #[getter]
+    fn chunk_bytes(&self, py: Python<'_>) -> usize {
+        self.run(py, |i| i.store.config().chunk_bytes)
+    }
+
+    /// Auto-retention limit (`None`: keep every version).
+    #[getter]
+    fn max_versions(&self, py: Python<'_>) -> Option<usize> {
+        self.run(py, |i| i.store.config().max_versions)
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    #[pyo3(signature = (*_args))]
+    fn __exit__(&self, _args: &Bound<'_, pyo3::types::PyTuple>) -> bool {
+        false
+    }
+
+    // ---- working state ---------------------------------------------------------------
+
+    /// Add variable `name` holding a copy of `array` (any layout). O(size).
+    #[pyo3(signature = (name, array, *, chunk_bytes = None, dtype = None))]
+    fn insert(
+        &self,
+        py: Python<'_>,
+        name: &str,
+        array: &Bound<'_, PyAny>,
+        chunk_bytes: Option<usize>,
+        dtype: Option<&str>,
+    ) -> PyResult<()> {
+        let (arr, dt) = arrays::input(array, dtype)?;
+        let g = arrays::read(&arr, dt)?;
+        let v = g.view();
+        self.run(py, |i| {
+            on_view!(&v, x => match chunk_bytes {
+                Some(c) => i.store.insert_chunked(name, x, c),
+                None => i.store.insert(name, x),
+            })
+        })
+        .or_py()
+    }
+
+    /// Overwrite variable `name` from `array` (same dtype and shape, any layout), copying
+    /// only the chunks whose bytes changed. O(size) compare.
+    #[pyo3(signature = (name, array, *, dtype = None))]
+    fn write(
+        &self,
+        py: Python<'_>,
+        name: &str,
+        array: &Bound<'_, PyAny>,
+        dtype: Option<&str>,
+    ) -> PyResult<PyWriteStats> {
+        let (arr, dt) = arrays::input(array, dtype)?;
+        let g = arrays::read(&arr, dt)?;
+        let v = g.view();
+        let s = self
+            .run(py, |i| on_view!(&v, x => i.store.write(name, x)))
+            .or_py()?;
+        Ok(s.into())
+    }
+
+    /// Write every array of `arrays` into its variable (inserting new names), copying only
+    /// changed chunks. All or nothing. Returns `{name: WriteStats}`.
+    fn sync<'py>(
+        &self,
+        py: Python<'py>,
+        arrays: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let guards = read_mapping(arrays)?;
+        let views: Vec<(String, View<'_>)> =
+            guards.iter().map(|(n, g)| (n.clone(), g.view())).collect();
+        let written = self.run(py, |i| sync(&mut i.store, &views)).or_py()?;
+        stats_dict(py, written)
+    }
+
+    /// A copy of variable `name`, from the working state or from version `at`. O(size).
+    #[pyo3(signature = (name, *, at = None))]
+    fn get<'py>(
+        &self,
+        py: Python<'py>,
+        name: &str,
+        at: Option<RefArg>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let owned = self
+            .run(py, |i| {
+                let s = &i.store;
+                match &at {
+                    None => arrays::to_owned(s.tensor(name)?),
+                    Some(r) => arrays::to_owned(s.snapshot(r.resolve(s)?)?.tensor(name)?),
+                }
+            })
+            .or_py()?;
+        Ok(owned.into_py(py))
+    }
+
+    fn __getitem__<'py>(&self, py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyAny>> {
+        self.get(py, name, None)
+    }
+
+    fn __contains__(&self, py: Python<'_>, name: &str) -> bool {
+        self.run(py, |i| i.store.contains(name))
+    }
+
+    fn __len__(&self, py: Python<'_>) -> usize {
+        self.run(py, |i| i.store.names().len())
+    }
+
+    /// Names of the working variables, sorted.
+    fn names(&self, py: Python<'_>) -> Vec<String> {
+        self.run(py, |i| i.store.names())
+    }
+
+    /// `(dtype, shape)` of a working variable, dtype as `"f32"`, `"bf16"`, ...
+    fn info(&self, py: Python<'_>, name: &str) -> PyResult<(String, Vec<usize>)> {
+        self.run(py, |i| {
+            i.store
+                .tensor(name)
+                .map(|t| (t.dtype().name().to_owned(), t.shape().to_vec()))
+        })
+        .or_py()
+    }
+
+    /// Drop variable `name` from the working state.
+    fn remove(&self, py: Python<'_>, name: &str) -> PyResult<()> {
+        self.run(py, |i| i.store.remove(name).map(|_| ())).or_py()
+    }
+
+    // ---- commits and HEAD ------------------------------------------------------------
+
+    /// Record the working state as a new version (O(1), no data copied). Keyword
+    /// arguments (None, bool, int, float, str) are kept as the version's metadata.
+    #[pyo3(signature = (message = "", **metadata))]
+    fn commit(
+        &self,
+        py: Python<'_>,
+        message: &str,
+        metadata: Option<&Bound<'_, PyDict>>,
+    ) -> PyResult<PyVersion> {
+        let mut meta = MetaMap::new();
+        if let Some(m) = metadata {
+            for (k, v) in m.iter() {
+                let k: String = k.extract()?;
+                let val = Meta::from_py(&k, &v)?;
+                meta.insert(k, val);
+            }
+        }
+        let id = self
+            .run(py, |i| -> Result<VersionId, Error> {
+                let id = i.store.commit(message)?;
+                if !meta.is_empty() {
+                    i.meta.insert(id.0, meta);
+                }
+                if i.store.config().max_versions.is_some() {
+                    let live: std::collections::HashSet<u64> =
+                        i.store.versions().into_iter().map(|v| v.0).collect();
+                    i.meta.retain(|k, _| live.contains(k));
+                }
+                Ok(id)
+            })
+            .or_py()?;
+        Ok(id.into())
+    }
+
+    /// The current version (`None` before the first commit).
+    fn head(&self, py: Python<'_>) -> Option<PyVersion> {
+        self.run(py, |i| i.store.head().map(PyVersion::from))
+    }
+
+    /// The branch HEAD is attached to (`None` when detached).
+    fn current_branch(&self, py: Python<'_>) -> Option<String> {
+        self.run(py, |i| i.store.current_branch().map(str::to_owned))
+    }
+
+    /// Whether the working state differs from HEAD.
+    fn is_dirty(&self, py: Python<'_>) -> bool {
+        self.run(py, |i| i.store.is_dirty())
+    }
+
+    /// Drop uncommitted changes of the working state.
+    fn discard(&self, py: Python<'_>) -> PyResult<()> {
+        self.run(py, |i| i.store.discard()).or_py()
+    }
+
+    /// Make the working state version `ref` and move HEAD there (O(1)). With `into`
+    /// (`{name: array}`), also write that version into the arrays in place, only the
+    /// chunks that differ: compared chunk by chunk, or, with `known` (a version the arrays
+    /// are known to hold), skipped without reading where the versions share chunks.
+    #[pyo3(signature = (r#ref, *, into = None, known = None))]
+    fn restore<'py>(
+        &self,
+        py: Python<'py>,
+        r#ref: RefArg,
+        into: Option<&Bound<'py, PyAny>>,
+        known: Option<RefArg>,
+    ) -> PyResult<PyVersion> {
+        let r2 = r#ref.clone();
+        let (id, _) = self.move_and_write(
+            py,
+            into,
+            known,
+            move |s| r2.resolve(s).map(Some),
+            move |s| {
+                let id = r#ref.resolve(s)?;
+                s.restore(id).map(|()| id)
+            },
+            |_| {},
+        )?;
+        Ok(id)
+    }
+
+    /// Move HEAD to its parent and restore it (`into`/`known` as for `restore`).
+    #[pyo3(signature = (*, into = None, known = None))]
+    fn undo<'py>(
+        &self,
+        py: Python<'py>,
+        into: Option<&Bound<'py, PyAny>>,
+        known: Option<RefArg>,
+    ) -> PyResult<PyVersion> {
+        let (id, _) = self.move_and_write(
+            py,
+            into,
+            known,
+            |s| match s.head() {
+                Some(h) => Ok(s.parent(h)?),
+                None => Err(Error::NothingToUndo),
+            },
+            Store::undo,
+            |_| {},
+        )?;
+        Ok(id)
+    }
+
+    /// Go back to the version the last undo came from (`into`/`known` as for `restore`).
+    #[pyo3(signature = (*, into = None, known = None))]
+    fn redo<'py>(
+        &self,
+        py: Python<'py>,
+        into: Option<&Bound<'py, PyAny>>,
+        known: Option<RefArg>,
+    ) -> PyResult<PyVersion> {
+        let (id, _) = self.move_and_write(
+            py,
+            into,
+            known,
+            |_| Ok(None),
+            Store::redo,
+            // Undo right after redo is its exact inverse (HEAD, branch and redo path).
+            |s| {
+                let _ = s.undo();
+            },
+        )?;
+        Ok(id)
+    }
+
+    /// Write version `at` (default HEAD) into the arrays of `into` without moving HEAD,
+    /// only the chunks that differ (see `restore`). Returns `{name: WriteStats}`.
+    #[pyo3(signature = (into, *, at = None, known = None))]
+    fn write_into<'py>(
+        &self,
+        py: Python<'py>,
+        into: &Bound<'py, PyAny>,
+        at: Option<RefArg>,
+        known: Option<RefArg>,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let mut guards = write_mapping(Some(into))?;
+        let mut views: Vec<(String, ViewMut<'_>)> = guards
+            .iter_mut()
+            .map(|(n, g)| (n.clone(), g.view_mut()))
+            .collect();
+        let written = self
+            .run(py, |i| -> Result<Written, Error> {
+                let s = &i.store;
+                let snap = match &at {
+                    Some(r) => s.snapshot(r.resolve(s)?)?,
+                    None => s.working_snapshot(),
+                };
+                let known = known_snapshot(s, &known)?;
+                check_targets(&snap, &views)?;
+                write_targets(&snap, known.as_ref(), &mut views)
+            })
+            .or_py()?;
+        stats_dict(py, written)
+    }
+
+    // ---- refs ------------------------------------------------------------------------
+
+    /// Create branch `name` at `at` (default HEAD).
+    #[pyo3(signature = (name, at = None))]
+    fn branch(&self, py: Python<'_>, name: &str, at: Option<RefArg>) -> PyResult<()> {
+        self.run(py, |i| {
+            let id = resolve_opt(&i.store, &at)?;
+            i.store.branch(name, id)
+        })
+        .or_py()
+    }
+
+    /// Create tag `name` at `at` (default HEAD); tags never move.
+    #[pyo3(signature = (name, at = None))]
+    fn tag(&self, py: Python<'_>, name: &str, at: Option<RefArg>) -> PyResult<()> {
+        self.run(py, |i| {
+            let id = resolve_opt(&i.store, &at)?;
+            i.store.tag(name, id)
+        })
+        .or_py()
+    }
+
+    /// Attach HEAD to branch `name` and restore its tip (`into`/`known` as for `restore`).
+    #[pyo3(signature = (name, *, into = None, known = None))]
+    fn checkout<'py>(
+        &self,
+        py: Python<'py>,
+        name: &str,
+        into: Option<&Bound<'py, PyAny>>,
+        known: Option<RefArg>,
+    ) -> PyResult<PyVersion> {
+        let (id, _) = self.move_and_write(
+            py,
+            into,
+            known,
+            |s| s.resolve(name).map(Some),
+            |s| {
+                s.checkout(name)?;
+                head_or_err(s)
+            },
+            |_| {},
+        )?;
+        Ok(id)
+    }
+
+    /// Detach HEAD at its current version.
+    fn detach(&self, py: Python<'_>) {
+        self.run(py, |i| i.store.detach());
+    }
+
+    /// Delete branch `name` (its versions stay until pruned).
+    fn delete_branch(&self, py: Python<'_>, name: &str) -> PyResult<()> {
+        self.run(py, |i| i.store.delete_branch(name)).or_py()
+    }
+
+    /// Delete tag `name`.
+    fn delete_tag(&self, py: Python<'_>, name: &str) -> PyResult<()> {
+        self.run(py, |i| i.store.delete_tag(name)).or_py()
+    }
+
+    /// The version a ref names (`"main"`, `"HEAD"`, `"v3"`, a tag, or a `Version`).
+    fn resolve(&self, py: Python<'_>, r#ref: RefArg) -> PyResult<PyVersion> {
+        self.run(py, |i| r#ref.resolve(&i.store))
+            .or_py()
+            .map(PyVersion::from)
+    }
+
+    /// `{name: ("branch" | "tag", Version)}` for every ref.
+    fn refs(&self, py: Python<'_>) -> Vec<(String, &'static str, PyVersion)> {
+        self.run(py, |i| {
+            i.store
+                .refs()
+                .into_iter()
+                .map(|(n, r)| match r {
+                    Ref::Branch(v) => (n, "branch", v.into()),
+                    Ref::Tag(v) => (n, "tag", v.into()),
+                })
+                .collect()
+        })
+    }
+
+    // ---- the tree --------------------------------------------------------------------
+
+    /// A read-only snapshot of version `ref` (default: the working state as it is now).
+    #[pyo3(signature = (r#ref = None))]
+    fn snapshot(&self, py: Python<'_>, r#ref: Option<RefArg>) -> PyResult<PySnapshot> {
+        let inner = self
+            .run(py, |i| match &r#ref {
+                Some(r) => i.store.snapshot(r.resolve(&i.store)?),
+                None => Ok(i.store.working_snapshot()),
+            })
+            .or_py()?;
+        Ok(PySnapshot { inner })
+    }
+
+    /// The first parent of `ref` (`None` for a root).
+    fn parent(&self, py: Python<'_>, r#ref: RefArg) -> PyResult<Option<PyVersion>> {
+        self.run(py, |i| i.store.parent(r#ref.resolve(&i.store)?))
+            .or_py()
+            .map(|p| p.map(PyVersion::from))
+    }
+
+    /// All parents of `ref` (two for a merge).
+    fn parents(&self, py: Python<'_>, r#ref: RefArg) -> PyResult<Vec<PyVersion>> {
+        self.run(py, |i| i.store.parents(r#ref.resolve(&i.store)?))
+            .or_py()
+            .map(|v| v.into_iter().map(PyVersion::from).collect())
+    }
+
+    /// The live children of `ref`, oldest first.
+    fn children(&self, py: Python<'_>, r#ref: RefArg) -> PyResult<Vec<PyVersion>> {
+        self.run(py, |i| i.store.children(r#ref.resolve(&i.store)?))
+            .or_py()
+            .map(|v| v.into_iter().map(PyVersion::from).collect())
+    }
+
+    /// The newest common ancestor of `a` and `b`, or `None`.
+    fn merge_base(&self, py: Python<'_>, a: RefArg, b: RefArg) -> PyResult<Option<PyVersion>> {
+        self.run(py, |i| {
+            let s = &i.store;
+            s.merge_base(a.resolve(s)?, b.resolve(s)?)
+        })
+        .or_py()
+        .map(|v| v.map(PyVersion::from))
+    }
+
+    /// Every live version, oldest first.
+    fn versions(&self, py: Python<'_>) -> Vec<PyVersion> {
+        self.run(py, |i| {
+            i.store
+                .versions()
+                .into_iter()
+                .map(PyVersion::from)
+                .collect()
+        })
+    }
+
+    /// Live versions without children.
+    fn tips(&self, py: Python<'_>) -> Vec<PyVersion> {
+        self.run(py, |i| {
+            i.store.tips().into_iter().map(PyVersion::from).collect()
+        })
+    }
+
+    /// The metadata given to `commit` for version `ref`.
+    fn metadata<'py>(&self, py: Python<'py>, r#ref: RefArg) -> PyResult<Bound<'py, PyDict>> {
+        let m = self
+            .run(py, |i| {
+                let id = r#ref.resolve(&i.store)?;
+                Ok::<_, Error>(i.meta.get(&id.0).cloned())
+            })
+            .or_py()?;
+        meta_dict(py, m.as_ref())
+    }
+
+    /// `ref` (default HEAD) and its ancestors, newest first, as `LogEntry`s with id,
+    /// message, time, parents and metadata.
+    #[pyo3(signature = (r#ref = None))]
+    fn log(&self, py: Python<'_>, r#ref: Option<RefArg>) -> PyResult<Vec<PyLogEntry>> {
+        type Row = (VersionId, String, f64, Vec<VersionId>, Option<MetaMap>);
+        let rows = self
+            .run(py, |i| -> Result<Vec<Row>, Error> {
+                let s = &i.store;
+                let start = match &r#ref {
+                    Some(r) => r.resolve(s)?,
+                    None => match s.head() {
+                        Some(h) => h,
+                        None => return Ok(Vec::new()),
+                    },
+                };
+                let mut rows = Vec::new();
+                for id in s.log(start)? {
+                    let snap = s.snapshot(id)?;
+                    let time = snap
+                        .time()
+                        .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+                        .map_or(0.0, |d| d.as_secs_f64());
+                    rows.push((
+                        id,
+                        snap.message().to_owned(),
+                        time,
+                        s.parents(id)?,
+                        i.meta.get(&id.0).cloned(),
+                    ));
+                }
+                Ok(rows)
+            })
+            .or_py()?;
+        rows.into_iter()
+            .map(|(id, message, time, parents, meta)| {
+                Ok(PyLogEntry {
+                    id: id.into(),
+                    message,
+                    time,
+                    parents: parents.into_iter().map(PyVersion::from).collect(),
+                    metadata: meta_dict(py, meta.as_ref())?.unbind(),
+                })
+            })
+            .collect()
+    }
+
+    /// `{name: Change}` between versions `a` and `b`. `b` defaults to the working
+    /// state; with no argument at all, the uncommitted changes (HEAD against working).
+    #[pyo3(signature = (a = None, b = None))]
+    fn diff<'py>(
+        &self,
+        py: Python<'py>,
+        a: Option<RefArg>,
+        b: Option<RefArg>,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let d = self
+            .run(py, |i| {
+                let s = &i.store;
+                match (&a, &b) {
+                    (None, None) => Ok(s.diff_working()),
+                    (Some(a), Some(b)) => s.diff(a.resolve(s)?, b.resolve(s)?),
+                    (Some(a), None) => Ok(s.snapshot(a.resolve(s)?)?.diff(&s.working_snapshot())),
+                    (None, Some(b)) => Ok(s.working_snapshot().diff(&s.snapshot(b.resolve(s)?)?)),
+                }
+            })
+            .or_py()?;
+        diff_dict(py, d)
+    }
+
+    /// Three-way merge of `other` into HEAD at chunk level. `strategy`: `"fail"` (a chunk
+    /// changed on both sides raises `MergeConflict`), `"ours"`, `"theirs"` or `"mean"`.
+    #[pyo3(signature = (other, *, strategy = "fail"))]
+    fn merge(&self, py: Python<'_>, other: RefArg, strategy: &str) -> PyResult<PyVersion> {
+        let strat = match strategy {
+            "fail" => MergeStrategy::Fail,
+            "ours" => MergeStrategy::Ours,
+            "theirs" => MergeStrategy::Theirs,
+            "mean" => MergeStrategy::Mean,
+            other => {
+                return Err(errors::invalid_argument(&format!(
+                    "unknown merge strategy `{other}` (fail, ours, theirs, mean)"
+                )))
+            }
+        };
+        self.run(py, |i| {
+            let id = other.resolve(&i.store)?;
+            i.store.merge(id, strat)
+        })
+        .or_py()
+        .map(PyVersion::from)
+    }
+
+    /// Commit the weighted elementwise mean of versions (a model soup).
+    #[pyo3(signature = (refs, weights = None))]
+    fn average(
+        &self,
+        py: Python<'_>,
+        refs: Vec<RefArg>,
+        weights: Option<Vec<f64>>,
+    ) -> PyResult<PyVersion> {
+        self.run(py, |i| {
+            let ids = refs
+                .iter()
+                .map(|r| r.resolve(&i.store))
+                .collect::<Result<Vec<_>, _>>()?;
+            i.store.average(&ids, weights.as_deref())
+        })
+        .or_py()
+        .map(PyVersion::from)
+    }
+
+    /// Drop versions: keep the last `keep_last` per branch (and HEAD), every
+    /// `keep_every`-th version, tags and branch tips; `drop_unreachable` also drops
+    /// versions no ref reaches.
+    #[pyo3(signature = (*, keep_last = None, keep_every = None, drop_unreachable = false))]
+    fn prune(
+        &self,
+        py: Python<'_>,
+        keep_last: Option<usize>,
+        keep_every: Option<usize>,
+        drop_unreachable: bool,
+    ) -> PyResult<PyPruneStats> {
+        let policy = Retention {
+            last: keep_last,
+            ..Retention::default()
+        }
+        .keep_every(keep_every.unwrap_or(0))
+        .drop_unreachable(drop_unreachable);
+        self.run(py, |i| {
+            let st = i.store.prune(&policy)?;
+            for d in &st.dropped {
+                i.meta.remove(&d.0);
+            }
+            Ok::<_, Error>(st)
+        })
+        .or_py()
+        .map(PyPruneStats::from)
+    }
+
+    /// Versions, variables, unique chunks and bytes held, logical bytes (deep copies),
+    /// sharing ratio.
+    fn stats(&self, py: Python<'_>) -> PyStats {
+        self.run(py, |i| i.store.stats()).into()
+    }
+
+    /// Recompute every hash and check the tree; raises `Corrupt` on a mismatch.
+    fn verify(&self, py: Python<'_>) -> PyResult<()> {
+        self.run(py, |i| i.store.verify()).or_py()
+    }
+
+    /// The history as text, like `git log --graph --oneline`.
+    fn graph(&self, py: Python<'_>) -> String {
+        self.run(py, |i| i.store.log_graph())
+    }
+
+    /// The history as Graphviz DOT.
+    fn to_dot(&self, py: Python<'_>) -> String {
+        self.run(py, |i| i.store.to_dot())
+    }
+
+    /// Bytes of freed chunk buffers kept for reuse.
+    fn pooled_bytes(&self, py: Python<'_>) -> usize {
+        self.run(py, |i| i.store.pooled_bytes())
+    }
+
+    /// Return pooled buffers to the allocator.
+    fn release_pooled(&self, py: Python<'_>) {
+        self.run(py, |i| i.store.release_pooled());
+    }
+
+    fn __repr__(&self, py: Python<'_>) -> String {
+        self.run(py, |i| {
+            let s = &i.store;
+            format!(
+                "Store({} variables, {} versions, head={})",
+                s.names().len(),
+                s.versions().len(),
+                s.head().map_or("None".to_owned(), |h| h.to_string())
+            )
+        })
+    }
+}

@@ -1,0 +1,345 @@
+//! Small value types handed to Python: versions, refs, statistics, log entries, diffs.
+
+use std::collections::BTreeMap;
+
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyString};
+use tensor_history::{Diff, PruneStats, Stats, VarDiff, VersionId, WriteStats};
+
+/// A version of the history (`v12`): hashable, ordered, usable wherever a ref is taken.
+#[pyclass(frozen, eq, ord, hash, module = "tensor_history", name = "Version")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(crate) struct PyVersion {
+    pub(crate) id: u64,
+}
+
+impl From<VersionId> for PyVersion {
+    fn from(v: VersionId) -> Self {
+        PyVersion { id: v.0 }
+    }
+}
+
+impl From<PyVersion> for VersionId {
+    fn from(v: PyVersion) -> Self {
+        VersionId(v.id)
+    }
+}
+
+#[pymethods]
+impl PyVersion {
+    #[new]
+    fn new(id: u64) -> Self {
+        PyVersion { id }
+    }
+
+    /// The numeric id.
+    #[getter]
+    fn id(&self) -> u64 {
+        self.id
+    }
+
+    fn __int__(&self) -> u64 {
+        self.id
+    }
+
+    fn __index__(&self) -> u64 {
+        self.id
+    }
+
+    fn __repr__(&self) -> String {
+        format!("Version({})", self.id)
+    }
+
+    fn __str__(&self) -> String {
+        format!("v{}", self.id)
+    }
+}
+
+/// A ref as Python gives it: a `Version` or a name (branch, tag, `HEAD`, `v12`).
+#[derive(Clone, Debug)]
+pub(crate) enum RefArg {
+    Id(VersionId),
+    Name(String),
+}
+
+impl<'a, 'py> FromPyObject<'a, 'py> for RefArg {
+    type Error = PyErr;
+
+    fn extract(ob: Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
+        if let Ok(v) = ob.cast::<PyVersion>() {
+            return Ok(RefArg::Id(v.get().to_owned().into()));
+        }
+        if let Ok(s) = ob.cast::<PyString>() {
+            return Ok(RefArg::Name(s.to_str()?.to_owned()));
+        }
+        Err(pyo3::exceptions::PyTypeError::new_err(format!(
+            "a ref is a Version or a str, not {}",
+            ob.get_type().name()?
+        )))
+    }
+}
+
+impl RefArg {
+    /// The version this ref names in `store`.
+    pub(crate) fn resolve(
+        &self,
+        store: &tensor_history::Store,
+    ) -> tensor_history::Result<VersionId> {
+        match self {
+            RefArg::Id(id) => store.snapshot(*id).map(|_| *id),
+            RefArg::Name(n) => store.resolve(n),
+        }
+    }
+}
+
+/// What a write (or a write-back into an array) changed.
+#[pyclass(frozen, get_all, module = "tensor_history", name = "WriteStats")]
+#[derive(Clone, Debug)]
+pub(crate) struct PyWriteStats {
+    /// Chunks whose bytes changed and were copied.
+    chunks_changed: usize,
+    /// Chunks in the tensor.
+    chunks_total: usize,
+    /// Bytes copied.
+    bytes_copied: usize,
+}
+
+impl From<WriteStats> for PyWriteStats {
+    fn from(s: WriteStats) -> Self {
+        PyWriteStats {
+            chunks_changed: s.chunks_changed,
+            chunks_total: s.chunks_total,
+            bytes_copied: s.bytes_copied,
+        }
+    }
+}
+
+#[pymethods]
+impl PyWriteStats {
+    fn __repr__(&self) -> String {
+        format!(
+            "WriteStats(chunks_changed={}, chunks_total={}, bytes_copied={})",
+            self.chunks_changed, self.chunks_total, self.bytes_copied
+        )
+    }
+}
+
+/// What a store holds against what deep copies would hold.
+#[pyclass(frozen, get_all, module = "tensor_history", name = "Stats")]
+#[derive(Clone, Debug)]
+pub(crate) struct PyStats {
+    versions: usize,
+    variables: usize,
+    unique_chunks: usize,
+    unique_bytes: usize,
+    logical_bytes: usize,
+    sharing_ratio: f64,
+    pooled_bytes: usize,
+}
+
+impl From<Stats> for PyStats {
+    fn from(s: Stats) -> Self {
+        PyStats {
+            versions: s.versions,
+            variables: s.variables,
+            unique_chunks: s.unique_chunks,
+            unique_bytes: s.unique_bytes,
+            logical_bytes: s.logical_bytes,
+            sharing_ratio: s.sharing_ratio,
+            pooled_bytes: s.pooled_bytes,
+        }
+    }
+}
+
+#[pymethods]
+impl PyStats {
+    fn __repr__(&self) -> String {
+        format!(
+            "Stats(versions={}, variables={}, unique_chunks={}, unique_bytes={}, logical_bytes={}, sharing_ratio={:.2}, pooled_bytes={})",
+            self.versions,
+            self.variables,
+            self.unique_chunks,
+            self.unique_bytes,
+            self.logical_bytes,
+            self.sharing_ratio,
+            self.pooled_bytes
+        )
+    }
+}
+
+/// What `prune` dropped.
+#[pyclass(frozen, get_all, module = "tensor_history", name = "PruneStats")]
+#[derive(Clone, Debug)]
+pub(crate) struct PyPruneStats {
+    dropped: Vec<PyVersion>,
+    kept: usize,
+    bytes_before: usize,
+    bytes_after: usize,
+}
+
+impl From<PruneStats> for PyPruneStats {
+    fn from(s: PruneStats) -> Self {
+        PyPruneStats {
+            dropped: s.dropped.into_iter().map(PyVersion::from).collect(),
+            kept: s.kept,
+            bytes_before: s.bytes_before,
+            bytes_after: s.bytes_after,
+        }
+    }
+}
+
+#[pymethods]
+impl PyPruneStats {
+    fn __repr__(&self) -> String {
+        format!(
+            "PruneStats(dropped={}, kept={}, bytes_before={}, bytes_after={})",
+            self.dropped.len(),
+            self.kept,
+            self.bytes_before,
+            self.bytes_after
+        )
+    }
+}
+
+/// A metadata value given to `commit` as a keyword argument.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum Meta {
+    None,
+    Bool(bool),
+    Int(i64),
+    Float(f64),
+    Str(String),
+}
+
+impl Meta {
+    pub(crate) fn from_py(key: &str, v: &Bound<'_, PyAny>) -> PyResult<Meta> {
+        if v.is_none() {
+            return Ok(Meta::None);
+        }
+        if let Ok(b) = v.cast::<pyo3::types::PyBool>() {
+            return Ok(Meta::Bool(b.is_true()));
+        }
+        if let Ok(i) = v.extract::<i64>() {
+            if v.cast::<pyo3::types::PyInt>().is_ok() {
+                return Ok(Meta::Int(i));
+            }
+        }
+        if let Ok(f) = v.extract::<f64>() {
+            return Ok(Meta::Float(f));
+        }
+        if let Ok(s) = v.cast::<PyString>() {
+            return Ok(Meta::Str(s.to_str()?.to_owned()));
+        }
+        Err(crate::errors::invalid_argument(&format!(
+            "metadata `{key}` must be None, bool, int, float or str, not {}",
+            v.get_type().name()?
+        )))
+    }
+
+    pub(crate) fn to_py<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        Ok(match self {
+            Meta::None => py.None().into_bound(py),
+            Meta::Bool(b) => b.into_pyobject(py)?.to_owned().into_any(),
+            Meta::Int(i) => i.into_pyobject(py)?.into_any(),
+            Meta::Float(f) => f.into_pyobject(py)?.into_any(),
+            Meta::Str(s) => s.into_pyobject(py)?.into_any(),
+        })
+    }
+}
+
+/// Metadata of one version, sorted by key.
+pub(crate) type MetaMap = BTreeMap<String, Meta>;
+
+pub(crate) fn meta_dict<'py>(py: Python<'py>, m: Option<&MetaMap>) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    if let Some(m) = m {
+        for (k, v) in m {
+            d.set_item(k, v.to_py(py)?)?;
+        }
+    }
+    Ok(d)
+}
+
+/// One entry of `Store.log()`.
+#[pyclass(frozen, get_all, module = "tensor_history", name = "LogEntry")]
+#[derive(Debug)]
+pub(crate) struct PyLogEntry {
+    /// The version.
+    pub(crate) id: PyVersion,
+    /// Its commit message.
+    pub(crate) message: String,
+    /// Commit time, seconds since the Unix epoch.
+    pub(crate) time: f64,
+    /// Its parents (two for a merge).
+    pub(crate) parents: Vec<PyVersion>,
+    /// Keyword arguments given to `commit`.
+    pub(crate) metadata: Py<PyDict>,
+}
+
+#[pymethods]
+impl PyLogEntry {
+    fn __repr__(&self) -> String {
+        format!("LogEntry(id=v{}, message={:?})", self.id.id, self.message)
+    }
+}
+
+/// How one variable differs between two states.
+#[pyclass(frozen, get_all, module = "tensor_history", name = "Change")]
+#[derive(Clone, Debug)]
+pub(crate) struct PyChange {
+    /// `"added"`, `"removed"`, `"changed"` or `"unchanged"`.
+    kind: &'static str,
+    /// Indices of the changed chunks.
+    chunks: Vec<usize>,
+    /// Flat element ranges of the changed chunks, as `(start, stop)`.
+    elements: Vec<(usize, usize)>,
+    /// Bytes in the changed chunks.
+    bytes: usize,
+    /// Whether dtype, shape or chunk size differ.
+    layout_changed: bool,
+}
+
+#[pymethods]
+impl PyChange {
+    fn __repr__(&self) -> String {
+        match self.kind {
+            "changed" => format!(
+                "Change(changed, chunks={}, bytes={})",
+                self.chunks.len(),
+                self.bytes
+            ),
+            k => format!("Change({k})"),
+        }
+    }
+}
+
+/// `{name: Change}` for every variable of either state, sorted by name.
+pub(crate) fn diff_dict<'py>(py: Python<'py>, d: Diff) -> PyResult<Bound<'py, PyDict>> {
+    let out = PyDict::new(py);
+    for (name, v) in d.vars {
+        let c = match v {
+            VarDiff::Added => change("added"),
+            VarDiff::Removed => change("removed"),
+            VarDiff::Unchanged => change("unchanged"),
+            VarDiff::Changed(t) => PyChange {
+                kind: "changed",
+                chunks: t.chunks,
+                elements: t.elements.into_iter().map(|r| (r.start, r.end)).collect(),
+                bytes: t.bytes,
+                layout_changed: t.layout_changed,
+            },
+        };
+        out.set_item(name, Py::new(py, c)?)?;
+    }
+    Ok(out)
+}
+
+fn change(kind: &'static str) -> PyChange {
+    PyChange {
+        kind,
+        chunks: Vec::new(),
+        elements: Vec::new(),
+        bytes: 0,
+        layout_changed: false,
+    }
+}

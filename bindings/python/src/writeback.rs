@@ -1,0 +1,105 @@
+//! Helpers shared by the store's methods: batches of input arrays, `into=` targets and
+//! the delta write-back after a restore.
+
+use pyo3::prelude::*;
+use pyo3::types::PyAnyMethods;
+use tensor_history::{Error, Snapshot, Store, Tensor, WriteStats};
+
+use crate::arrays::{self, on_view, ReadGuard, View, ViewMut, WriteGuard};
+
+/// `(name, borrowed array)` pairs from a mapping, in the mapping's order.
+pub(crate) fn read_mapping<'py>(
+    arrays_obj: &Bound<'py, PyAny>,
+) -> PyResult<Vec<(String, ReadGuard<'py>)>> {
+    let mut out = Vec::new();
+    for item in arrays_obj.call_method0("items")?.try_iter()? {
+        let (name, arr): (String, Bound<'py, PyAny>) = item?.extract()?;
+        let (u, dt) = arrays::input(&arr, None)?;
+        out.push((name, arrays::read(&u, dt)?));
+    }
+    Ok(out)
+}
+
+/// `(name, writable borrow)` pairs of an `into=` mapping (`None`: no targets).
+pub(crate) fn write_mapping<'py>(
+    into: Option<&Bound<'py, PyAny>>,
+) -> PyResult<Vec<(String, WriteGuard<'py>)>> {
+    let mut out = Vec::new();
+    let Some(into) = into else { return Ok(out) };
+    for item in into.call_method0("items")?.try_iter()? {
+        let (name, arr): (String, Bound<'py, PyAny>) = item?.extract()?;
+        let (g, _) = arrays::output(&arr, &name)?;
+        out.push((name, g));
+    }
+    Ok(out)
+}
+
+/// Check every target against the version it will receive: the variable exists there,
+/// with the target's dtype and shape.
+pub(crate) fn check_targets(
+    snap: &Snapshot,
+    targets: &[(String, ViewMut<'_>)],
+) -> Result<(), Error> {
+    for (name, v) in targets {
+        let t = snap.tensor(name)?;
+        arrays::check_target(name, t, v)?;
+    }
+    Ok(())
+}
+
+/// Write `snap` into the targets, each chunk only where it differs (see
+/// [`arrays::write_back`]). Call [`check_targets`] first.
+pub(crate) fn write_targets(
+    snap: &Snapshot,
+    known: Option<&Snapshot>,
+    targets: &mut [(String, ViewMut<'_>)],
+) -> Result<Vec<(String, WriteStats)>, Error> {
+    let mut out = Vec::with_capacity(targets.len());
+    for (name, v) in targets.iter_mut() {
+        let t = snap.tensor(name)?;
+        let k: Option<&Tensor> = known.and_then(|k| k.tensor(name).ok());
+        out.push((name.clone(), arrays::write_back(t, v, k)?));
+    }
+    Ok(out)
+}
+
+/// Write (or insert) every array into the working state, all or nothing: on an error the
+/// variables touched so far are put back as they were.
+pub(crate) fn sync(
+    store: &mut Store,
+    inputs: &[(String, View<'_>)],
+) -> Result<Vec<(String, WriteStats)>, Error> {
+    let mut undo: Vec<(String, Option<Tensor>)> = Vec::with_capacity(inputs.len());
+    let mut out = Vec::with_capacity(inputs.len());
+    for (name, v) in inputs {
+        let prev = store.tensor(name).ok().cloned();
+        let res = if prev.is_some() {
+            on_view!(v, x => store.write(name, x))
+        } else {
+            on_view!(v, x => store.insert(name, x)).and_then(|()| {
+                let t = store.tensor(name)?;
+                Ok(WriteStats {
+                    chunks_changed: t.num_chunks(),
+                    chunks_total: t.num_chunks(),
+                    bytes_copied: t.nbytes(),
+                })
+            })
+        };
+        match res {
+            Ok(s) => {
+                undo.push((name.clone(), prev));
+                out.push((name.clone(), s));
+            }
+            Err(e) => {
+                for (n, old) in undo.into_iter().rev() {
+                    let _ = store.remove(&n);
+                    if let Some(t) = old {
+                        let _ = store.insert_tensor(&n, t);
+                    }
+                }
+                return Err(e);
+            }
+        }
+    }
+    Ok(out)
+}
