@@ -500,7 +500,7 @@ impl PyStore {
             .map(PyVersion::from)
     }
 
-    /// `{name: ("branch" | "tag", Version)}` for every ref.
+    /// `[(name, "branch" | "tag", Version)]` for every ref, sorted by name.
     fn refs(&self, py: Python<'_>) -> Vec<(String, &'static str, PyVersion)> {
         self.run(py, |i| {
             i.store

