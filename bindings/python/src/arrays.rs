@@ -2,7 +2,7 @@
 //! bfloat16 tags), typed borrows, and the chunk-wise write-back into callers' arrays.
 
 use half::{bf16, f16};
-use ndarray::{ArrayD, ArrayViewD, ArrayViewMutD};
+use ndarray::{ArrayD, ArrayViewD, ArrayViewMutD, IxDyn};
 use numpy::{
     IntoPyArray, PyArrayDescrMethods, PyArrayDyn, PyArrayMethods, PyReadonlyArrayDyn,
     PyReadwriteArrayDyn, PyUntypedArray, PyUntypedArrayMethods,
@@ -97,11 +97,20 @@ pub(crate) trait PyElement: Element + numpy::Element + Copy {
 macro_rules! dtype_enums {
     ($($v:ident $t:ty),*) => {
         /// A read borrow of a NumPy array of any supported dtype.
-        pub(crate) enum ReadGuard<'py> { $($v(PyReadonlyArrayDyn<'py, $t>)),* }
+        pub(crate) enum ReadGuard<'py> {
+            $($v(PyReadonlyArrayDyn<'py, $t>),)*
+            /// A zero-size array: not borrowed, since NumPy gives empty arrays zero strides
+            /// that ndarray's checks reject.
+            Empty(DType, Vec<usize>),
+        }
         /// A read-only view of any supported dtype (`Send`: usable without the GIL).
         pub(crate) enum View<'a> { $($v(ArrayViewD<'a, $t>)),* }
         /// A write borrow of a NumPy array of any supported dtype.
-        pub(crate) enum WriteGuard<'py> { $($v(PyReadwriteArrayDyn<'py, $t>)),* }
+        pub(crate) enum WriteGuard<'py> {
+            $($v(PyReadwriteArrayDyn<'py, $t>),)*
+            /// A zero-size target: there is nothing to write (see `ReadGuard::Empty`).
+            Empty(DType, Vec<usize>),
+        }
         /// A writable view of any supported dtype (`Send`).
         pub(crate) enum ViewMut<'a> { $($v(ArrayViewMutD<'a, $t>)),* }
         /// An owned array of any supported dtype, on its way to Python.
@@ -115,12 +124,28 @@ macro_rules! dtype_enums {
 
         impl ReadGuard<'_> {
             pub(crate) fn view(&self) -> View<'_> {
-                match self { $(ReadGuard::$v(g) => View::$v(g.as_array())),* }
+                match self {
+                    $(ReadGuard::$v(g) => View::$v(g.as_array()),)*
+                    ReadGuard::Empty(dt, shape) => match dt {
+                        $(DType::$v => View::$v(
+                            ArrayViewD::from_shape(IxDyn(shape), &[]).expect("zero-size shape")
+                        ),)*
+                        _ => unreachable!("only supported dtypes are borrowed"),
+                    },
+                }
             }
         }
         impl WriteGuard<'_> {
             pub(crate) fn view_mut(&mut self) -> ViewMut<'_> {
-                match self { $(WriteGuard::$v(g) => ViewMut::$v(g.as_array_mut())),* }
+                match self {
+                    $(WriteGuard::$v(g) => ViewMut::$v(g.as_array_mut()),)*
+                    WriteGuard::Empty(dt, shape) => match dt {
+                        $(DType::$v => ViewMut::$v(
+                            ArrayViewMutD::from_shape(IxDyn(shape), &mut []).expect("zero-size shape")
+                        ),)*
+                        _ => unreachable!("only supported dtypes are borrowed"),
+                    },
+                }
             }
         }
         impl Owned {
@@ -214,7 +239,8 @@ pub(crate) fn input<'py>(
     arr = apply_tag(arr, tag)?;
     let mut u = arr.cast_into::<PyUntypedArray>()?;
     let native = u.dtype().is_native_byteorder() != Some(false);
-    if !u.is_aligned() || !native {
+    // Broadcast arrays repeat elements, which ndarray views must not: copied (rare).
+    if !u.is_aligned() || !native || overlapping(&u) {
         // A fresh array is aligned and native: `np.array(a, dtype=a.dtype.newbyteorder("="))`.
         let dt = u.dtype().into_any().call_method1("newbyteorder", ("=",))?;
         let kw = PyDict::new(py);
@@ -229,8 +255,22 @@ pub(crate) fn input<'py>(
     }
 }
 
+/// Whether some element is reachable by two indices (a zero stride on an axis longer
+/// than 1, as `np.broadcast_to` makes).
+fn overlapping(arr: &Bound<'_, PyUntypedArray>) -> bool {
+    !arr.is_empty()
+        && arr
+            .shape()
+            .iter()
+            .zip(arr.strides())
+            .any(|(&n, &s)| n > 1 && s == 0)
+}
+
 /// Borrow an input array for reading.
 pub(crate) fn read<'py>(arr: &Bound<'py, PyUntypedArray>, dt: DType) -> PyResult<ReadGuard<'py>> {
+    if arr.is_empty() {
+        return Ok(ReadGuard::Empty(dt, arr.shape().to_vec()));
+    }
     with_dtype!(dt, T => read_typed::<T>(arr))
 }
 
@@ -262,6 +302,11 @@ pub(crate) fn output<'py>(
             "`into[{name:?}]` is misaligned or not in native byte order; it cannot be written in place"
         )));
     }
+    if overlapping(arr) {
+        return Err(errors::invalid_argument(&format!(
+            "`into[{name:?}]` repeats elements (a zero stride); it cannot be written in place"
+        )));
+    }
     let writeable: bool = arr.getattr("flags")?.getattr("writeable")?.extract()?;
     if !writeable {
         return Err(errors::invalid_argument(&format!(
@@ -274,6 +319,9 @@ pub(crate) fn output<'py>(
             &arr.dtype().str()?.to_string(),
         ));
     };
+    if arr.is_empty() {
+        return Ok((WriteGuard::Empty(dt, arr.shape().to_vec()), dt));
+    }
     let g = with_dtype!(dt, T => write_typed::<T>(arr, name))?;
     Ok((g, dt))
 }
@@ -378,7 +426,7 @@ fn compare_copy<T: Element>(
         for (i, c) in changed.iter().enumerate() {
             if *c == 1 {
                 stats.chunks_changed += 1;
-                stats.bytes_copied += chunks[i].len() * std::mem::size_of::<T>();
+                stats.bytes_copied += std::mem::size_of_val(chunks[i]);
             }
         }
     } else {

@@ -127,6 +127,19 @@ pub(crate) fn to_py(e: Error) -> PyErr {
                 vec![("path", obj(py, path)), ("found", obj(py, found))],
             ),
             Error::Conflict { branch } => ("Conflict", vec![("branch", obj(py, branch))]),
+            Error::InvalidSafeTensors { path, reason } => (
+                "InvalidSafeTensors",
+                vec![("path", obj(py, path)), ("reason", obj(py, reason))],
+            ),
+            Error::UnsupportedSafeTensorsDType { path, name, dtype } => (
+                "UnsupportedDType",
+                vec![
+                    ("path", obj(py, path)),
+                    ("name", obj(py, name)),
+                    ("dtype", obj(py, dtype)),
+                    ("operation", obj(py, "import_safetensors")),
+                ],
+            ),
             Error::Corrupt { reason } => ("Corrupt", vec![("reason", obj(py, reason))]),
             other => (
                 "TensorHistoryError",

@@ -1,28 +1,26 @@
 //! `Store`: the core store behind a mutex, every call made without the GIL.
 
-use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
 use std::time::UNIX_EPOCH;
 
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use tensor_history::{
-    Config, Error, MergeStrategy, Ref, Retention, Snapshot, Store, VersionId, WriteStats,
+    Config, Error, MergeStrategy, Meta, Ref, Retention, Snapshot, Store, VersionId, WriteStats,
 };
 
 use crate::arrays::{self, on_view, View, ViewMut};
 use crate::errors::{self, OrPy};
 use crate::snapshot::PySnapshot;
 use crate::types::{
-    diff_dict, meta_dict, Meta, MetaMap, PyLogEntry, PyPruneStats, PyStats, PyVersion,
-    PyWriteStats, RefArg,
+    diff_dict, meta_dict, meta_from_py, PyLogEntry, PyPruneStats, PyStats, PyVersion, PyWriteStats,
+    RefArg,
 };
 use crate::writeback::{check_targets, read_mapping, sync, write_mapping, write_targets};
 
-/// The state behind the lock: the core store and the commit metadata.
+/// The state behind the lock.
 struct Inner {
     store: Store,
-    meta: HashMap<u64, MetaMap>,
 }
 
 /// Named arrays with their full version history, in memory.
@@ -139,10 +137,7 @@ impl PyStore {
         }
         let store = Store::with_config(c).or_py()?;
         Ok(PyStore {
-            inner: Mutex::new(Inner {
-                store,
-                meta: HashMap::new(),
-            }),
+            inner: Mutex::new(Inner { store }),
         })
     }
 
@@ -279,7 +274,7 @@ impl PyStore {
     // ---- commits and HEAD ------------------------------------------------------------
 
     /// Record the working state as a new version (O(1), no data copied). Keyword
-    /// arguments (None, bool, int, float, str) are kept as the version's metadata.
+    /// arguments (bool, int, float, str) are kept as the version's metadata.
     #[pyo3(signature = (message = "", **metadata))]
     fn commit(
         &self,
@@ -287,27 +282,9 @@ impl PyStore {
         message: &str,
         metadata: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<PyVersion> {
-        let mut meta = MetaMap::new();
-        if let Some(m) = metadata {
-            for (k, v) in m.iter() {
-                let k: String = k.extract()?;
-                let val = Meta::from_py(&k, &v)?;
-                meta.insert(k, val);
-            }
-        }
+        let meta = meta_from_py(metadata)?;
         let id = self
-            .run(py, |i| -> Result<VersionId, Error> {
-                let id = i.store.commit(message)?;
-                if !meta.is_empty() {
-                    i.meta.insert(id.0, meta);
-                }
-                if i.store.config().max_versions.is_some() {
-                    let live: std::collections::HashSet<u64> =
-                        i.store.versions().into_iter().map(|v| v.0).collect();
-                    i.meta.retain(|k, _| live.contains(k));
-                }
-                Ok(id)
-            })
+            .run(py, |i| i.store.commit_with(message, meta))
             .or_py()?;
         Ok(id.into())
     }
@@ -582,17 +559,17 @@ impl PyStore {
         let m = self
             .run(py, |i| {
                 let id = r#ref.resolve(&i.store)?;
-                Ok::<_, Error>(i.meta.get(&id.0).cloned())
+                i.store.metadata(id).cloned()
             })
             .or_py()?;
-        meta_dict(py, m.as_ref())
+        meta_dict(py, &m)
     }
 
     /// `ref` (default HEAD) and its ancestors, newest first, as `LogEntry`s with id,
     /// message, time, parents and metadata.
     #[pyo3(signature = (r#ref = None))]
     fn log(&self, py: Python<'_>, r#ref: Option<RefArg>) -> PyResult<Vec<PyLogEntry>> {
-        type Row = (VersionId, String, f64, Vec<VersionId>, Option<MetaMap>);
+        type Row = (VersionId, String, f64, Vec<VersionId>, Meta);
         let rows = self
             .run(py, |i| -> Result<Vec<Row>, Error> {
                 let s = &i.store;
@@ -615,7 +592,7 @@ impl PyStore {
                         snap.message().to_owned(),
                         time,
                         s.parents(id)?,
-                        i.meta.get(&id.0).cloned(),
+                        snap.metadata().clone(),
                     ));
                 }
                 Ok(rows)
@@ -628,7 +605,7 @@ impl PyStore {
                     message,
                     time,
                     parents: parents.into_iter().map(PyVersion::from).collect(),
-                    metadata: meta_dict(py, meta.as_ref())?.unbind(),
+                    metadata: meta_dict(py, &meta)?.unbind(),
                 })
             })
             .collect()
@@ -716,15 +693,9 @@ impl PyStore {
         }
         .keep_every(keep_every.unwrap_or(0))
         .drop_unreachable(drop_unreachable);
-        self.run(py, |i| {
-            let st = i.store.prune(&policy)?;
-            for d in &st.dropped {
-                i.meta.remove(&d.0);
-            }
-            Ok::<_, Error>(st)
-        })
-        .or_py()
-        .map(PyPruneStats::from)
+        self.run(py, |i| i.store.prune(&policy))
+            .or_py()
+            .map(PyPruneStats::from)
     }
 
     /// Versions, variables, unique chunks and bytes held, logical bytes (deep copies),
@@ -746,6 +717,32 @@ impl PyStore {
     /// The history as Graphviz DOT.
     fn to_dot(&self, py: Python<'_>) -> String {
         self.run(py, |i| i.store.to_dot())
+    }
+
+    /// Write version `ref` (default HEAD) as a `.safetensors` file, chunk by chunk and
+    /// atomically (no file is left at `path` on error).
+    #[pyo3(signature = (path, r#ref = None))]
+    fn export_safetensors(
+        &self,
+        py: Python<'_>,
+        path: std::path::PathBuf,
+        r#ref: Option<RefArg>,
+    ) -> PyResult<()> {
+        self.run(py, |i| {
+            let id = resolve_opt(&i.store, &r#ref)?;
+            i.store.export_safetensors(id, &path)
+        })
+        .or_py()
+    }
+
+    /// Add every tensor of a `.safetensors` file to the working state; returns the names,
+    /// sorted. All or nothing.
+    fn import_safetensors(
+        &self,
+        py: Python<'_>,
+        path: std::path::PathBuf,
+    ) -> PyResult<Vec<String>> {
+        self.run(py, |i| i.store.import_safetensors(&path)).or_py()
     }
 
     /// Bytes of freed chunk buffers kept for reuse.

@@ -1,10 +1,8 @@
 //! Small value types handed to Python: versions, refs, statistics, log entries, diffs.
 
-use std::collections::BTreeMap;
-
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyString};
-use tensor_history::{Diff, PruneStats, Stats, VarDiff, VersionId, WriteStats};
+use tensor_history::{Diff, Meta, PruneStats, Stats, Value, VarDiff, VersionId, WriteStats};
 
 /// A version of the history (`v12`): hashable, ordered, usable wherever a ref is taken.
 #[pyclass(frozen, eq, ord, hash, module = "tensor_history", name = "Version")]
@@ -201,60 +199,46 @@ impl PyPruneStats {
     }
 }
 
-/// A metadata value given to `commit` as a keyword argument.
-#[derive(Clone, Debug, PartialEq)]
-pub(crate) enum Meta {
-    None,
-    Bool(bool),
-    Int(i64),
-    Float(f64),
-    Str(String),
+/// Version metadata from `commit`'s keyword arguments (bool, int, float, str).
+pub(crate) fn meta_from_py(kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<Meta> {
+    let mut meta = Meta::new();
+    let Some(kwargs) = kwargs else {
+        return Ok(meta);
+    };
+    for (k, v) in kwargs.iter() {
+        let key: String = k.extract()?;
+        let value = if let Ok(b) = v.cast::<pyo3::types::PyBool>() {
+            Value::Bool(b.is_true())
+        } else if v.cast::<pyo3::types::PyInt>().is_ok() {
+            Value::Int(v.extract::<i64>().map_err(|_| {
+                crate::errors::invalid_argument(&format!(
+                    "metadata `{key}` does not fit in 64 bits"
+                ))
+            })?)
+        } else if let Ok(s) = v.cast::<PyString>() {
+            Value::Str(s.to_str()?.to_owned())
+        } else if let Ok(f) = v.extract::<f64>() {
+            Value::Float(f)
+        } else {
+            return Err(crate::errors::invalid_argument(&format!(
+                "metadata `{key}` must be a bool, int, float or str, not {}",
+                v.get_type().name()?
+            )));
+        };
+        meta.insert(&key, value);
+    }
+    Ok(meta)
 }
 
-impl Meta {
-    pub(crate) fn from_py(key: &str, v: &Bound<'_, PyAny>) -> PyResult<Meta> {
-        if v.is_none() {
-            return Ok(Meta::None);
-        }
-        if let Ok(b) = v.cast::<pyo3::types::PyBool>() {
-            return Ok(Meta::Bool(b.is_true()));
-        }
-        if let Ok(i) = v.extract::<i64>() {
-            if v.cast::<pyo3::types::PyInt>().is_ok() {
-                return Ok(Meta::Int(i));
-            }
-        }
-        if let Ok(f) = v.extract::<f64>() {
-            return Ok(Meta::Float(f));
-        }
-        if let Ok(s) = v.cast::<PyString>() {
-            return Ok(Meta::Str(s.to_str()?.to_owned()));
-        }
-        Err(crate::errors::invalid_argument(&format!(
-            "metadata `{key}` must be None, bool, int, float or str, not {}",
-            v.get_type().name()?
-        )))
-    }
-
-    pub(crate) fn to_py<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        Ok(match self {
-            Meta::None => py.None().into_bound(py),
-            Meta::Bool(b) => b.into_pyobject(py)?.to_owned().into_any(),
-            Meta::Int(i) => i.into_pyobject(py)?.into_any(),
-            Meta::Float(f) => f.into_pyobject(py)?.into_any(),
-            Meta::Str(s) => s.into_pyobject(py)?.into_any(),
-        })
-    }
-}
-
-/// Metadata of one version, sorted by key.
-pub(crate) type MetaMap = BTreeMap<String, Meta>;
-
-pub(crate) fn meta_dict<'py>(py: Python<'py>, m: Option<&MetaMap>) -> PyResult<Bound<'py, PyDict>> {
+/// A version's metadata as a dict.
+pub(crate) fn meta_dict<'py>(py: Python<'py>, m: &Meta) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);
-    if let Some(m) = m {
-        for (k, v) in m {
-            d.set_item(k, v.to_py(py)?)?;
+    for (k, v) in m.iter() {
+        match v {
+            Value::Int(i) => d.set_item(k, i)?,
+            Value::Float(f) => d.set_item(k, f)?,
+            Value::Str(s) => d.set_item(k, s)?,
+            Value::Bool(b) => d.set_item(k, b)?,
         }
     }
     Ok(d)

@@ -127,6 +127,12 @@ def test_big_endian_input_is_converted():
     assert s.get("x").tolist() == [0, 1, 2, 3, 4]
 
 
+def test_broadcast_inputs_are_copied():
+    s = fresh()
+    s.insert("x", np.broadcast_to(np.float32(2), (4, 3)))
+    assert s.get("x").tolist() == [[2.0] * 3] * 4
+
+
 def test_lists_and_scalars_are_accepted_as_arrays():
     s = fresh()
     s.insert("l", [1.0, 2.0])
@@ -151,7 +157,8 @@ def test_outputs_that_cannot_be_written_in_place_are_rejected():
     ro.flags.writeable = False
     buf = np.zeros(33, np.uint8)
     misaligned = buf[1:].view(np.float32)
-    for bad in (ro, misaligned, np.zeros(8, ">f4"), [0.0] * 8):
+    repeated = np.lib.stride_tricks.as_strided(np.zeros(1, np.float32), (8,), (0,))
+    for bad in (ro, misaligned, np.zeros(8, ">f4"), [0.0] * 8, repeated):
         with pytest.raises(th.InvalidArgument):
             s.restore(v, into={"x": bad})
     same_arr = np.zeros(8, np.float32)
@@ -257,17 +264,19 @@ def test_log_graph_dot_and_metadata():
     s.insert("x", np.zeros(3))
     v0 = s.commit("init", step=0)
     s.write("x", np.ones(3))
-    v1 = s.commit("step", step=1, loss=0.5, note="ok", done=True, extra=None)
+    v1 = s.commit("step", step=1, loss=0.5, note="ok", done=True)
     log = s.log()
     assert [e.id for e in log] == [v1, v0]
     assert log[0].message == "step" and log[0].parents == [v0] and log[1].parents == []
-    assert log[0].metadata == {"step": 1, "loss": 0.5, "note": "ok", "done": True, "extra": None}
+    assert log[0].metadata == {"step": 1, "loss": 0.5, "note": "ok", "done": True}
     assert log[0].time >= log[1].time > 1.6e9
     assert "step" in s.graph() and "init" in s.graph()
     assert s.to_dot().startswith("digraph")
-    with pytest.raises(th.InvalidArgument):
-        s.commit("bad", obj=[1, 2])
-    assert s.head() == v1
+    for bad in ({"obj": [1, 2]}, {"none": None}, {"big": 2**70}):
+        with pytest.raises(th.InvalidArgument):
+            s.commit("bad", **bad)
+        assert s.head() == v1
+    assert "loss=0.5" in s.graph()
 
 
 def test_diff_merge_and_average():
@@ -423,3 +432,26 @@ def test_context_manager_and_repr():
     with th.Store() as s:
         s.insert("x", np.zeros(1))
         assert "1 variables" in repr(s)
+
+
+def test_safetensors_export_and_import(tmp_path):
+    s = fresh()
+    a = np.arange(12, dtype=np.float32).reshape(3, 4)
+    b = np.array([1.5, -2.0], dtype=ml_dtypes.bfloat16)
+    s.insert("a", a)
+    s.insert("b", b)
+    v = s.commit()
+    path = tmp_path / "m.safetensors"
+    s.export_safetensors(path, v)
+    t = fresh()
+    assert t.import_safetensors(str(path)) == ["a", "b"]
+    assert same(t.get("a"), a) and same(t.get("b"), b)
+    with pytest.raises(th.VariableExists):
+        t.import_safetensors(path)
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes(b"not a safetensors file")
+    with pytest.raises(th.InvalidSafeTensors):
+        t.import_safetensors(bad)
+    with pytest.raises(OSError):
+        t.import_safetensors(tmp_path / "missing.safetensors")
+    assert t.names() == ["a", "b"]

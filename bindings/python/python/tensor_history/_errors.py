@@ -14,7 +14,7 @@ from typing import Any
 class TensorHistoryError(Exception):
     """Base class of every error raised by tensor_history."""
 
-    def __init__(self, message: str = "", **attrs: Any) -> None:
+    def __init__(self, message: str = "", /, **attrs: Any) -> None:
         super().__init__(message)
         for key, value in attrs.items():
             setattr(self, key, value)
@@ -117,6 +117,10 @@ class StorageError(TensorHistoryError, OSError):
 
 class UnsupportedFormat(TensorHistoryError, ValueError):
     """A repository format this version cannot read (``path``, ``found``)."""
+
+
+class InvalidSafeTensors(TensorHistoryError, ValueError):
+    """A file that is not valid safetensors (``path``, ``reason``)."""
 
 
 class Conflict(TensorHistoryError):
