@@ -5,7 +5,21 @@ use std::fmt;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use crate::element::Element;
+use crate::error::Result;
 use crate::hash::ContentHash;
+use crate::repo::backend::Bytes;
+
+/// Where the bytes of a stored chunk come from (a repository's packs): `load` returns
+/// exactly `len` bytes, 8-byte aligned, already checked against `id`.
+pub(crate) trait ChunkSource: fmt::Debug + Send + Sync {
+    fn load(&self, id: &ContentHash, len: usize) -> Result<Bytes>;
+}
+
+/// A chunk whose bytes live in a repository: loaded (mapped or fetched) on first read.
+struct Stored {
+    source: Arc<dyn ChunkSource>,
+    bytes: OnceLock<Bytes>,
+}
 
 /// One piece of a tensor's flat (row-major, little-endian) bytes.
 ///
@@ -24,20 +38,77 @@ use crate::hash::ContentHash;
 #[derive(Clone)]
 pub struct Chunk(Arc<ChunkData>);
 
-// Invariant: `len <= words.len() * 8`; when `hash` is set it is the BLAKE3 hash of
-// `bytes()`; a chunk reachable from more than one handle is never written.
+// Invariant: `len <= words.len() * 8` for a heap chunk; a stored chunk has no words, its
+// `hash` is set (its id) and its loaded bytes are `len` bytes with that hash; when `hash`
+// is set it is the BLAKE3 hash of `bytes()`; a chunk reachable from more than one handle
+// is never written.
 pub(crate) struct ChunkData {
     words: Vec<u64>,
     len: usize,
     hash: OnceLock<ContentHash>,
     pool: Weak<Pool>,
+    stored: Option<Box<Stored>>,
 }
 
 impl Chunk {
-    /// The chunk's bytes (little-endian elements, row-major).
+    /// The chunk's bytes (little-endian elements, row-major). A chunk stored in a
+    /// repository is loaded (mapped or fetched, and checked against its hash) on first
+    /// read; the store's reading calls load chunks first and return an error instead.
+    ///
+    /// # Panics
+    ///
+    /// If the chunk is stored in a repository and cannot be read (the file was removed
+    /// or damaged) and no earlier call loaded it.
     #[must_use]
     pub fn bytes(&self) -> &[u8] {
         self.0.bytes()
+    }
+
+    /// Load a stored chunk's bytes (no-op for a chunk in memory or already loaded).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Io`](crate::Error::Io) or
+    /// [`Error::CorruptObject`](crate::Error::CorruptObject) from the repository.
+    pub fn load(&self) -> Result<()> {
+        match &self.0.stored {
+            Some(s) if s.bytes.get().is_none() => {
+                let b = s.source.load(&self.hash(), self.0.len)?;
+                let _ = s.bytes.set(b);
+                Ok(())
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Whether the bytes live in a repository (mapped or fetched) rather than on the heap.
+    #[must_use]
+    pub fn is_stored(&self) -> bool {
+        self.0.stored.is_some()
+    }
+
+    /// A stored chunk whose bytes are not loaded yet.
+    pub(crate) fn is_unloaded(&self) -> bool {
+        self.0
+            .stored
+            .as_ref()
+            .is_some_and(|s| s.bytes.get().is_none())
+    }
+
+    /// A chunk of `len` bytes with hash `id` whose bytes `source` loads on first read.
+    pub(crate) fn stored(id: ContentHash, len: usize, source: Arc<dyn ChunkSource>) -> Chunk {
+        let hash = OnceLock::new();
+        let _ = hash.set(id);
+        Chunk(Arc::new(ChunkData {
+            words: Vec::new(),
+            len,
+            hash,
+            pool: Weak::new(),
+            stored: Some(Box::new(Stored {
+                source,
+                bytes: OnceLock::new(),
+            })),
+        }))
     }
 
     /// Number of bytes.
@@ -81,6 +152,10 @@ impl Chunk {
         }
         if self.len_bytes() != other.len_bytes() {
             return false;
+        }
+        if self.is_unloaded() || other.is_unloaded() {
+            // A stored chunk's hash is known: compare hashes rather than load it.
+            return self.hash() == other.hash();
         }
         match (self.cached_hash(), other.cached_hash()) {
             (Some(a), Some(b)) => a == b,
@@ -145,15 +220,35 @@ impl WeakChunk {
     pub fn is_alive(&self) -> bool {
         self.0.strong_count() > 0
     }
+
+    pub(crate) fn upgrade(&self) -> Option<Chunk> {
+        self.0.upgrade().map(Chunk)
+    }
 }
 
 impl ChunkData {
     pub(crate) fn bytes(&self) -> &[u8] {
-        &bytemuck::cast_slice(&self.words)[..self.len]
+        match &self.stored {
+            None => &bytemuck::cast_slice(&self.words)[..self.len],
+            Some(s) => s.bytes.get_or_init(|| {
+                let id = self.hash.get().copied().unwrap_or(ContentHash([0; 32]));
+                match s.source.load(&id, self.len) {
+                    Ok(b) => b,
+                    Err(e) => panic!("a stored chunk could not be read: {e}"),
+                }
+            }),
+        }
     }
 
-    /// Writable bytes; resets the cached hash.
+    /// Writable bytes; resets the cached hash. A stored chunk is first copied to the heap.
     pub(crate) fn bytes_mut(&mut self) -> &mut [u8] {
+        if self.stored.is_some() {
+            let bytes = self.bytes().to_vec();
+            let mut words = vec![0u64; self.len.div_ceil(8)];
+            bytemuck::cast_slice_mut::<u64, u8>(&mut words)[..self.len].copy_from_slice(&bytes);
+            self.words = words;
+            self.stored = None;
+        }
         self.hash = OnceLock::new();
         &mut bytemuck::cast_slice_mut(&mut self.words)[..self.len]
     }
@@ -301,6 +396,7 @@ impl Alloc {
             len,
             hash: OnceLock::new(),
             pool,
+            stored: None,
         }
     }
 }

@@ -235,6 +235,22 @@ pub enum Error {
         /// The safetensors dtype, as written in the file (`BOOL`, `F8_E4M3`, ...).
         dtype: String,
     },
+    /// A repository object failed its checksum or its hash, or does not parse.
+    #[error("corrupt repository object `{path}`: {reason}")]
+    CorruptObject {
+        /// The object (file path or key) at fault.
+        path: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A hex prefix given to `resolve` matches more than one saved version.
+    #[error("`{prefix}` matches {matches} versions; give more hex digits")]
+    AmbiguousRef {
+        /// The prefix given.
+        prefix: String,
+        /// How many versions it matches.
+        matches: usize,
+    },
     /// `verify` found a broken invariant or a cached hash that does not match the bytes.
     #[error("integrity check failed: {}", escape(.reason))]
     Corrupt {

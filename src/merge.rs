@@ -8,7 +8,7 @@ use crate::element::{DType, Element};
 use crate::error::{Conflict, Error, Result};
 use crate::history::{Vars, VersionId};
 use crate::meta::Meta;
-use crate::store::Store;
+use crate::store::{load_vars, Store};
 use crate::tensor::{ChunkVec, Tensor};
 
 /// How [`Store::merge`] resolves chunks changed on both sides.
@@ -314,6 +314,9 @@ impl Store {
             Some(b) => self.hist.node(b)?.vars.clone(),
             None => Vars::new(),
         };
+        for vars in [&ours, &theirs, &base] {
+            load_vars(vars)?;
+        }
         let mut names: Vec<&String> = ours.keys().chain(theirs.keys()).collect();
         names.sort();
         names.dedup();
@@ -410,6 +413,9 @@ impl Store {
             .collect::<Result<_>>()?;
         if self.is_dirty() {
             return Err(Error::UncommittedChanges);
+        }
+        for vars in &versions {
+            load_vars(vars)?;
         }
         // Check every variable before computing any: a call that fails allocates nothing.
         let mut planned = Vec::with_capacity(versions[0].len());

@@ -88,9 +88,11 @@ impl Snapshot {
     ///
     /// [`Error::UnknownVariable`].
     pub fn tensor(&self, name: &str) -> Result<&Tensor> {
-        self.vars.get(name).ok_or_else(|| Error::UnknownVariable {
+        let t = self.vars.get(name).ok_or_else(|| Error::UnknownVariable {
             name: name.to_owned(),
-        })
+        })?;
+        t.load()?;
+        Ok(t)
     }
 
     /// A materialized copy of a variable. O(size).

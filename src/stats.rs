@@ -2,6 +2,7 @@
 
 use std::collections::HashSet;
 
+use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use crate::chunk::Chunk;
@@ -33,6 +34,11 @@ pub struct Stats {
     pub sharing_ratio: f64,
     /// Freed chunk buffers kept for reuse (not counted in `unique_bytes`).
     pub pooled_bytes: usize,
+    /// Of `unique_bytes`, the bytes of chunks held on the heap.
+    pub heap_bytes: usize,
+    /// Of `unique_bytes`, the bytes of chunks that live in a repository (mapped or
+    /// fetched when read, not on the heap).
+    pub stored_bytes: usize,
 }
 
 impl Store {
@@ -85,6 +91,16 @@ impl Store {
                 logical_bytes as f64 / unique_bytes as f64
             },
             pooled_bytes: self.pooled_bytes(),
+            heap_bytes: unique
+                .iter()
+                .filter(|c| !c.is_stored())
+                .map(|c| c.len_bytes())
+                .sum(),
+            stored_bytes: unique
+                .iter()
+                .filter(|c| c.is_stored())
+                .map(|c| c.len_bytes())
+                .sum(),
         }
     }
 
@@ -149,6 +165,12 @@ impl Store {
             }
         }
         let chunks = self.unique_chunks();
+        // Stored chunks are read (and checked against their hash) here, so that a missing
+        // or damaged repository file is an error rather than a panic.
+        chunks
+            .par_iter()
+            .filter(|c| c.is_unloaded())
+            .try_for_each(|c| c.load())?;
         if let Some(i) = verify_hashes(&chunks) {
             return bad(format!(
                 "a chunk of {} bytes has a cached hash that does not match its bytes (#{i})",

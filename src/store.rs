@@ -31,6 +31,8 @@ pub struct Store {
     pool: Option<Arc<Pool>>,
     pub(crate) working: Vars,
     pub(crate) hist: History,
+    /// The repository this store saves to, if any.
+    pub(crate) repo: Option<Box<crate::repo::Bound>>,
 }
 
 impl Default for Store {
@@ -64,6 +66,7 @@ impl Store {
             config,
             working: Vars::new(),
             hist: History::default(),
+            repo: None,
         })
     }
 
@@ -192,7 +195,9 @@ impl Store {
     ///
     /// [`Error::UnknownVariable`].
     pub fn tensor(&self, name: &str) -> Result<&Tensor> {
-        self.working.get(name).ok_or_else(|| unknown(name))
+        let t = self.working.get(name).ok_or_else(|| unknown(name))?;
+        t.load()?;
+        Ok(t)
     }
 
     /// How fused updates and writes run. When the working state is larger than the
@@ -222,6 +227,7 @@ impl Store {
     fn typed_mut<T: Element>(&mut self, name: &str) -> Result<&mut Tensor> {
         let t = self.working.get_mut(name).ok_or_else(|| unknown(name))?;
         t.check_dtype::<T>(name)?;
+        t.load()?;
         Ok(t)
     }
 
@@ -697,19 +703,30 @@ impl Store {
     /// [`Error::NoCommits`] for `HEAD` before the first commit;
     /// [`Error::UnknownVersion`] or [`Error::PrunedVersion`] for a version id that is
     /// not live; [`Error::UnknownRef`] for any other name that is not a branch or tag.
+    /// 4 to 64 hex digits that name no ref resolve to the saved (or loaded) version whose
+    /// [content address](Store::version_hash) starts with them (O(saved versions));
+    /// [`Error::AmbiguousRef`] if several do.
     pub fn resolve(&self, refname: &str) -> Result<VersionId> {
         if refname == "HEAD" {
             return self.hist.head_id().ok_or(Error::NoCommits);
         }
         if let Ok(id) = refname.parse::<VersionId>() {
-            self.hist.node(id)?;
-            return Ok(id);
+            return match self.hist.node(id) {
+                Ok(_) => Ok(id),
+                Err(e) => match crate::repo::resolve_prefix(self, refname)? {
+                    Some(v) if !refname.starts_with('v') => Ok(v),
+                    _ => Err(e),
+                },
+            };
         }
         match self.hist.refs.get(refname) {
             Some(r) => Ok(r.target()),
-            None => Err(Error::UnknownRef {
-                name: refname.to_owned(),
-            }),
+            None => match crate::repo::resolve_prefix(self, refname)? {
+                Some(v) => Ok(v),
+                None => Err(Error::UnknownRef {
+                    name: refname.to_owned(),
+                }),
+            },
         }
     }
 
@@ -863,6 +880,11 @@ fn stats_for(t: &Tensor, (written, copied): (usize, usize)) -> WriteStats {
         chunks_total: t.num_chunks(),
         bytes_copied: copied,
     }
+}
+
+/// Load every stored chunk of `vars` (see [`Tensor::load`]).
+pub(crate) fn load_vars(vars: &Vars) -> Result<()> {
+    vars.values().try_for_each(Tensor::load)
 }
 
 /// Whether two variable maps hold the same names, contents and chunk layouts (pointer

@@ -582,7 +582,8 @@ impl Tensor {
             let head = a.len_bytes().min(PREFIX_BYTES);
             let hashes_differ =
                 matches!((a.cached_hash(), b.cached_hash()), (Some(x), Some(y)) if x != y);
-            if hashes_differ || a.bytes()[..head] != b.bytes()[..head] {
+            let unloaded = a.is_unloaded() || b.is_unloaded();
+            if hashes_differ || (!unloaded && a.bytes()[..head] != b.bytes()[..head]) {
                 changed.push(i);
             } else {
                 unsure.push((i, a, b));
@@ -628,6 +629,38 @@ impl Tensor {
                 found: found.to_vec(),
             })
         }
+    }
+
+    /// A tensor from its parts (a manifest read from a repository, already checked:
+    /// `chunks` has the layout's count and lengths).
+    pub(crate) fn from_parts(
+        dtype: DType,
+        shape: &[usize],
+        chunk_elems: usize,
+        chunks: ChunkVec,
+    ) -> Tensor {
+        Tensor {
+            dtype,
+            shape: shape.into(),
+            chunk_elems,
+            chunks,
+        }
+    }
+
+    /// Load every stored chunk not loaded yet (in parallel), so that reads cannot fail.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Io`] or [`Error::CorruptObject`] from the repository.
+    pub fn load(&self) -> Result<()> {
+        let todo: Vec<&Chunk> = self.chunks.iter().filter(|c| c.is_unloaded()).collect();
+        if todo.is_empty() {
+            return Ok(());
+        }
+        let bytes = todo.iter().map(|c| c.len_bytes()).sum();
+        map_par_from(PAR_MIN_BYTES_COLD, todo, bytes, Chunk::load)
+            .into_iter()
+            .collect()
     }
 
     /// A tensor of the same layout with the given chunks.

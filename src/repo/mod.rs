@@ -1,5 +1,337 @@
 //! The durable repository: where a [`Store`](crate::Store)'s history is saved, and the
 //! storage backends under it.
+//!
+//! ```text
+//! Store (memory)  ── save(): packs, index, manifests, versions, barrier, refs, HEAD ──►
+//!                 ◄── open(): refs, HEAD, versions, manifests; chunks mapped on read ──
+//! Backend: LocalDir (default) | MemoryBackend | SimBackend (tests) | object store
+//! ```
+//!
+//! `docs/FORMAT.md` describes the layout and the protocols.
 
 pub(crate) mod backend;
+mod format;
+mod gc;
+mod open;
 mod safetensors;
+mod save;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fmt;
+use std::path::Path;
+use std::sync::{Arc, Mutex, RwLock};
+
+use crate::chunk::{Chunk, ChunkSource, WeakChunk};
+use crate::error::{Error, Result};
+use crate::hash::ContentHash;
+use crate::history::VersionId;
+
+use backend::{AlignedBuf, Backend, Bytes, LocalDir};
+pub use format::parse_object;
+use format::{corrupt, pack_key, HeadJson, RefEntry};
+pub use gc::{GcOptions, GcStats, DEFAULT_GC_GRACE};
+pub(crate) use open::resolve_prefix;
+pub use open::RefreshStats;
+pub use save::SaveStats;
+
+/// The backend for a location: a path is a local directory ([`LocalDir`], created if
+/// absent); `s3://bucket/prefix` is an object store (with the `s3` feature).
+///
+/// # Errors
+///
+/// [`Error::Io`] if the directory cannot be created; [`Error::InvalidArgument`] for a URL
+/// scheme this build does not support.
+pub fn open_location(location: &str) -> Result<Arc<dyn Backend>> {
+    if let Some((scheme, _)) = location.split_once("://") {
+        if scheme.len() >= 2 && scheme.bytes().all(|b| b.is_ascii_alphanumeric()) {
+            return Err(Error::InvalidArgument {
+                reason: format!(
+                    "`{location}`: the `{scheme}://` scheme is not supported by this build \
+                     (object stores need the `s3` feature)"
+                ),
+            });
+        }
+    }
+    Ok(Arc::new(LocalDir::new(location)?))
+}
+
+/// [`open_location`] for a path that may not be UTF-8.
+pub(crate) fn open_path(location: &Path) -> Result<Arc<dyn Backend>> {
+    match location.to_str() {
+        Some(s) => open_location(s),
+        None => Ok(Arc::new(LocalDir::new(location)?)),
+    }
+}
+
+/// Where a chunk lives: its pack, offset and length.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Loc {
+    pub(crate) pack: ContentHash,
+    pub(crate) offset: u64,
+    pub(crate) len: u64,
+}
+
+/// The chunk index of a repository, and the loader of stored chunks.
+pub(crate) struct RepoChunks {
+    backend: Arc<dyn Backend>,
+    pub(crate) index: RwLock<HashMap<ContentHash, Loc>>,
+    /// Index files read into `index`.
+    indexes: Mutex<HashSet<ContentHash>>,
+    /// Index files that failed their checksum (left by an interrupted save, or damaged).
+    pub(crate) bad_indexes: Mutex<Vec<String>>,
+}
+
+impl fmt::Debug for RepoChunks {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RepoChunks")
+            .field("backend", &self.backend.location())
+            .finish()
+    }
+}
+
+impl RepoChunks {
+    pub(crate) fn locate(&self, id: &ContentHash) -> Option<Loc> {
+        self.index
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(id)
+            .copied()
+    }
+
+    pub(crate) fn contains(&self, id: &ContentHash) -> bool {
+        self.locate(id).is_some()
+    }
+
+    /// The error for a chunk that no index lists.
+    pub(crate) fn missing(&self, id: &ContentHash, wanted_by: &str) -> Error {
+        let bad = self.bad_indexes.lock().unwrap_or_else(|p| p.into_inner());
+        match bad.first() {
+            Some(path) => corrupt(
+                path,
+                format!("unreadable index; chunk {id} of `{wanted_by}` is in no readable index"),
+            ),
+            None => corrupt(wanted_by, format!("chunk {id} is in no index")),
+        }
+    }
+}
+
+impl RepoChunks {
+    /// Remember that index file `id` (written by this store) is in `index`.
+    pub(crate) fn note_index(&self, id: Option<ContentHash>) {
+        self.indexes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .extend(id);
+    }
+
+    /// Read the index files not read yet; with `all`, forget everything and read every
+    /// index file again (after gc rewrote packs).
+    pub(crate) fn read_indexes(&self, all: bool) -> Result<()> {
+        let known: HashSet<ContentHash> = if all {
+            HashSet::new()
+        } else {
+            self.indexes
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone()
+        };
+        let mut fresh = Vec::new();
+        let mut superseded = HashSet::new();
+        let mut bad = Vec::new();
+        for o in self.backend.list(format::INDEX_PREFIX)? {
+            let Some(id) = format::id_of_key(&o.key, "thidx") else {
+                continue;
+            };
+            if known.contains(&id) {
+                continue;
+            }
+            let bytes = match self.backend.get(&o.key) {
+                Ok(b) => b,
+                Err(e) if backend::is_not_found(&e) => continue,
+                Err(e) => return Err(e),
+            };
+            match format::parse_index(&o.key, &bytes, Some(&id)) {
+                Ok(body) => {
+                    superseded.extend(body.supersedes.iter().map(|h| ContentHash(*h)));
+                    fresh.push((id, body));
+                }
+                // Left by an interrupted save (never referenced) or damaged: chunks that
+                // only it lists are reported as missing when needed.
+                Err(Error::CorruptObject { path, .. }) => bad.push(path),
+                Err(e) => return Err(e),
+            }
+        }
+        let mut idx = self.index.write().unwrap_or_else(|p| p.into_inner());
+        let mut indexes = self.indexes.lock().unwrap_or_else(|p| p.into_inner());
+        if all {
+            idx.clear();
+            indexes.clear();
+        }
+        *self.bad_indexes.lock().unwrap_or_else(|p| p.into_inner()) = bad;
+        for (id, body) in fresh {
+            indexes.insert(id);
+            if superseded.contains(&id) {
+                continue;
+            }
+            for p in &body.packs {
+                for e in &p.chunks {
+                    idx.insert(
+                        ContentHash(e.id),
+                        Loc {
+                            pack: ContentHash(p.pack),
+                            offset: e.offset,
+                            len: e.len,
+                        },
+                    );
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn load_once(&self, id: &ContentHash, len: usize) -> Result<Bytes> {
+        let loc = self
+            .locate(id)
+            .ok_or_else(|| self.missing(id, "a stored chunk"))?;
+        let key = pack_key(&loc.pack);
+        if loc.len != len as u64 {
+            return Err(corrupt(
+                &key,
+                format!(
+                    "chunk {id} is {} bytes in the index, {len} in its tensor",
+                    loc.len
+                ),
+            ));
+        }
+        let end = loc
+            .offset
+            .checked_add(loc.len)
+            .ok_or_else(|| corrupt(&key, "chunk offset overflows"))?;
+        let bytes = self
+            .backend
+            .get_range(&key, loc.offset..end)
+            .map_err(|e| match e {
+                Error::Io {
+                    kind: std::io::ErrorKind::UnexpectedEof,
+                    ..
+                } => corrupt(&key, format!("pack too short for chunk {id} (truncated)")),
+                e => e,
+            })?;
+        if bytes.len() != len {
+            return Err(corrupt(&key, format!("chunk {id}: short read")));
+        }
+        let bytes = if (bytes.as_ptr() as usize).is_multiple_of(8) {
+            bytes
+        } else {
+            AlignedBuf::bytes_of(&bytes)
+        };
+        if ContentHash::of_bytes(&bytes) != *id {
+            return Err(corrupt(
+                &key,
+                format!(
+                    "chunk {id} at offset {} does not match its hash",
+                    loc.offset
+                ),
+            ));
+        }
+        Ok(bytes)
+    }
+}
+
+impl ChunkSource for RepoChunks {
+    fn load(&self, id: &ContentHash, len: usize) -> Result<Bytes> {
+        match self.load_once(id, len) {
+            // gc may have rewritten the pack: read the indexes again and retry once.
+            Err(e) if backend::is_not_found(&e) || self.locate(id).is_none() => {
+                self.read_indexes(true)?;
+                self.load_once(id, len)
+            }
+            r => r,
+        }
+    }
+}
+
+/// A store's link to its repository: what the repository holds, as far as this store
+/// knows, and what it last saw of the refs.
+// Invariant: `saved` and `by_hash` are inverse maps; every saved version's ancestors are
+// saved; `refs_seen` holds, per ref name, the last log entry this store read or wrote.
+pub(crate) struct Bound {
+    pub(crate) backend: Arc<dyn Backend>,
+    pub(crate) location: String,
+    pub(crate) chunks: Arc<RepoChunks>,
+    pub(crate) saved: HashMap<VersionId, ContentHash>,
+    pub(crate) by_hash: HashMap<ContentHash, VersionId>,
+    /// Parents (content addresses) of the versions in `by_hash`.
+    pub(crate) parents_of: HashMap<ContentHash, Vec<ContentHash>>,
+    /// Manifests known to be in the repository.
+    pub(crate) manifests: HashSet<ContentHash>,
+    /// Prune markers in the repository: version → its parents.
+    pub(crate) pruned: HashMap<ContentHash, Vec<ContentHash>>,
+    pub(crate) refs_seen: BTreeMap<String, (u64, RefEntry)>,
+    pub(crate) head_seen: Option<HeadJson>,
+    /// Chunks recorded as gc candidates: a save writes them again rather than reuse them.
+    pub(crate) gc_candidates: HashSet<ContentHash>,
+    /// Stored chunks handed out, so that each is one shared handle.
+    stored: Mutex<HashMap<ContentHash, WeakChunk>>,
+}
+
+impl fmt::Debug for Bound {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Bound")
+            .field("location", &self.location)
+            .field("saved_versions", &self.saved.len())
+            .finish()
+    }
+}
+
+impl Bound {
+    pub(crate) fn new(backend: Arc<dyn Backend>) -> Bound {
+        Bound {
+            location: backend.location(),
+            chunks: Arc::new(RepoChunks {
+                backend: backend.clone(),
+                index: RwLock::new(HashMap::new()),
+                indexes: Mutex::new(HashSet::new()),
+                bad_indexes: Mutex::new(Vec::new()),
+            }),
+            backend,
+            saved: HashMap::new(),
+            by_hash: HashMap::new(),
+            parents_of: HashMap::new(),
+            manifests: HashSet::new(),
+            pruned: HashMap::new(),
+            refs_seen: BTreeMap::new(),
+            head_seen: None,
+            gc_candidates: HashSet::new(),
+            stored: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The one shared handle of stored chunk `id` of `len` bytes.
+    pub(crate) fn stored_chunk(&self, id: ContentHash, len: usize) -> Chunk {
+        let mut cache = self.stored.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(c) = cache.get(&id).and_then(WeakChunk::upgrade) {
+            if c.len_bytes() == len {
+                return c;
+            }
+        }
+        let source: Arc<dyn ChunkSource> = self.chunks.clone();
+        let c = Chunk::stored(id, len, source);
+        if cache.len() > 1024 && cache.len().is_power_of_two() {
+            cache.retain(|_, w| w.is_alive());
+        }
+        cache.insert(id, c.downgrade());
+        c
+    }
+
+    pub(crate) fn record_version(
+        &mut self,
+        id: VersionId,
+        hash: ContentHash,
+        parents: Vec<ContentHash>,
+    ) {
+        self.saved.insert(id, hash);
+        self.by_hash.insert(hash, id);
+        self.parents_of.insert(hash, parents);
+    }
+}

@@ -26,6 +26,13 @@ use std::time::SystemTime;
 
 use crate::error::{Error, Result};
 
+mod local;
+mod memory;
+mod sim;
+
+pub use local::LocalDir;
+pub use memory::MemoryBackend;
+pub use sim::SimBackend;
 #[cfg(feature = "s3")]
 mod object;
 #[cfg(feature = "s3")]
@@ -108,6 +115,32 @@ impl fmt::Debug for Bytes {
     }
 }
 
+/// A buffer of 8-byte words holding `len` bytes: bytes read into it can be viewed as
+/// slices of any element type in place.
+#[derive(Debug)]
+pub(crate) struct AlignedBuf {
+    words: Vec<u64>,
+    len: usize,
+}
+
+impl AlignedBuf {
+    /// A word-aligned copy of `data`, as [`Bytes`].
+    pub(crate) fn bytes_of(data: &[u8]) -> Bytes {
+        let mut words = vec![0u64; data.len().div_ceil(8)];
+        bytemuck::cast_slice_mut::<u64, u8>(&mut words)[..data.len()].copy_from_slice(data);
+        Bytes::new(Arc::new(AlignedBuf {
+            words,
+            len: data.len(),
+        }))
+    }
+}
+
+impl AsRef<[u8]> for AlignedBuf {
+    fn as_ref(&self) -> &[u8] {
+        &bytemuck::cast_slice(&self.words)[..self.len]
+    }
+}
+
 /// Where a repository's objects live. Synchronous; implementations that talk to a
 /// network keep their own runtime private.
 pub trait Backend: fmt::Debug + Send + Sync {
@@ -133,6 +166,17 @@ pub trait Backend: fmt::Debug + Send + Sync {
     ///
     /// [`Error::Io`].
     fn put(&self, key: &str, data: &[u8]) -> Result<()>;
+
+    /// [`put`](Backend::put) of the concatenation of `parts`, so that a pack is written
+    /// from the chunks' own buffers without first copying them into one. The default
+    /// concatenates and calls `put`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Io`].
+    fn put_parts(&self, key: &str, parts: &[&[u8]]) -> Result<()> {
+        self.put(key, &parts.concat())
+    }
 
     /// Create the object only if no object of that key exists. Durable on return.
     ///

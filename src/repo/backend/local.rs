@@ -1,0 +1,356 @@
+//! [`LocalDir`]: a repository in a directory of the local file system.
+
+use std::collections::{BTreeSet, HashMap};
+use std::fs::{self, File};
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use super::{Backend, Bytes, ObjectInfo, PutOutcome};
+use crate::error::{Error, Result};
+
+/// Objects at least this large are mapped by [`Backend::get`] instead of read.
+const MAP_MIN_BYTES: u64 = 64 * 1024;
+
+/// Temporary files live here (relative to the root) until they are renamed or linked into
+/// place; [`Backend::list`] never shows them.
+const TMP_DIR: &str = "tmp";
+
+static TMP_COUNTER: AtomicU64 = AtomicU64::new(0);
+
+/// A repository in a local directory: one file per object, keys as relative paths.
+///
+/// `put` writes a temporary file and renames it into place (readers never see a torn
+/// file); [`barrier`](Backend::barrier) fsyncs every file written since the last barrier
+/// and every directory whose entries changed. `put_if_absent` writes and fsyncs a
+/// temporary file, hard-links it to the key (the link fails if the key exists, so of
+/// several writers exactly one wins) and fsyncs the directory. `get` maps objects of
+/// 64 KiB and more (packs) instead of reading them: objects are never rewritten in place,
+/// only created and unlinked, so a mapping stays valid.
+#[derive(Debug)]
+pub struct LocalDir {
+    root: PathBuf,
+    dirty: Mutex<Dirty>,
+    /// Mappings of large objects read by `get_range`, kept for the next read.
+    maps: Mutex<HashMap<PathBuf, Bytes>>,
+}
+
+/// What the next barrier must make durable.
+#[derive(Debug, Default)]
+struct Dirty {
+    files: Vec<File>,
+    dirs: BTreeSet<PathBuf>,
+}
+
+/// An I/O error on `path` as this crate's error.
+pub(crate) fn io_error(path: &Path, e: &std::io::Error) -> Error {
+    Error::Io {
+        path: path.display().to_string(),
+        kind: e.kind(),
+        message: e.to_string(),
+    }
+}
+
+impl LocalDir {
+    /// A backend rooted at `root`, creating the directory (and its parents) if absent.
+    /// O(1) plus the directories created.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Io`] if the directory cannot be created or is not a directory.
+    pub fn new(root: impl AsRef<Path>) -> Result<LocalDir> {
+        let root = root.as_ref().to_path_buf();
+        let dir = LocalDir {
+            root,
+            dirty: Mutex::new(Dirty::default()),
+            maps: Mutex::new(HashMap::new()),
+        };
+        dir.ensure_dir(&dir.root.clone())?;
+        dir.ensure_dir(&dir.root.join(TMP_DIR))?;
+        dir.sync_dirs()?;
+        Ok(dir)
+    }
+
+    /// The root directory.
+    #[must_use]
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    fn path(&self, key: &str) -> Result<PathBuf> {
+        let ok = !key.is_empty()
+            && !key.starts_with('/')
+            && !key.contains('\\')
+            && key
+                .split('/')
+                .all(|c| !c.is_empty() && c != "." && c != ".." && !c.contains('\0'))
+            && key.split('/').next() != Some(TMP_DIR);
+        if !ok {
+            return Err(Error::InvalidArgument {
+                reason: format!("`{key}` is not a valid object key"),
+            });
+        }
+        Ok(self.root.join(key))
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Dirty> {
+        self.dirty.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Create `dir` and its missing parents, remembering each parent whose entries changed.
+    fn ensure_dir(&self, dir: &Path) -> Result<()> {
+        if dir.is_dir() {
+            return Ok(());
+        }
+        if let Some(parent) = dir.parent() {
+            if !parent.as_os_str().is_empty() {
+                self.ensure_dir(parent)?;
+            }
+        }
+        match fs::create_dir(dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && dir.is_dir() => {}
+            Err(e) => return Err(io_error(dir, &e)),
+        }
+        if let Some(parent) = dir.parent() {
+            self.lock().dirs.insert(parent.to_path_buf());
+        }
+        Ok(())
+    }
+
+    fn sync_dirs(&self) -> Result<()> {
+        let dirs = std::mem::take(&mut self.lock().dirs);
+        for d in &dirs {
+            if let Err(e) = sync_dir(d) {
+                // Keep them for the next barrier.
+                self.lock().dirs.extend(dirs.iter().cloned());
+                return Err(io_error(d, &e));
+            }
+        }
+        Ok(())
+    }
+
+    /// Write `parts` to a new temporary file; returns its path and the open file.
+    fn write_tmp(&self, parts: &[&[u8]]) -> Result<(PathBuf, File)> {
+        let n = TMP_COUNTER.fetch_add(1, Ordering::Relaxed);
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        let tmp = self
+            .root
+            .join(TMP_DIR)
+            .join(format!("{}-{n}-{nanos}", std::process::id()));
+        let mut f = File::create(&tmp).map_err(|e| io_error(&tmp, &e))?;
+        for p in parts {
+            if let Err(e) = f.write_all(p) {
+                let _ = fs::remove_file(&tmp);
+                return Err(io_error(&tmp, &e));
+            }
+        }
+        Ok((tmp, f))
+    }
+}
+
+impl LocalDir {
+    fn lock_maps(&self) -> std::sync::MutexGuard<'_, HashMap<PathBuf, Bytes>> {
+        self.maps.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+fn slice_of(path: &Path, b: &Bytes, range: Range<u64>) -> Result<Bytes> {
+    let len = b.len() as u64;
+    if range.start > range.end || range.end > len {
+        return Err(Error::Io {
+            path: path.display().to_string(),
+            kind: std::io::ErrorKind::UnexpectedEof,
+            message: format!("range {range:?} outside an object of {len} bytes"),
+        });
+    }
+    b.slice(range.start as usize..range.end as usize)
+        .ok_or_else(|| Error::Io {
+            path: path.display().to_string(),
+            kind: std::io::ErrorKind::UnexpectedEof,
+            message: "range outside the object".into(),
+        })
+}
+
+fn sync_dir(d: &Path) -> std::io::Result<()> {
+    File::open(d)?.sync_all()
+}
+
+/// Map a whole file read-only.
+#[allow(unsafe_code)]
+fn map_file(file: &File) -> std::io::Result<memmap2::Mmap> {
+    // SAFETY: the repository never modifies a file in place: objects are written to a
+    // temporary file and renamed or linked into place, and only ever unlinked afterwards.
+    // An unlinked file stays mapped unchanged, so the mapped bytes never change while the
+    // mapping lives. (Another program writing into the repository's files breaks this;
+    // the format forbids it.)
+    unsafe { memmap2::Mmap::map(file) }
+}
+
+impl Backend for LocalDir {
+    fn get(&self, key: &str) -> Result<Bytes> {
+        let path = self.path(key)?;
+        let mut f = File::open(&path).map_err(|e| io_error(&path, &e))?;
+        let len = f.metadata().map_err(|e| io_error(&path, &e))?.len();
+        if len >= MAP_MIN_BYTES {
+            let map = map_file(&f).map_err(|e| io_error(&path, &e))?;
+            return Ok(Bytes::new(Arc::new(map)));
+        }
+        let mut buf = Vec::with_capacity(len as usize);
+        f.read_to_end(&mut buf).map_err(|e| io_error(&path, &e))?;
+        Ok(Bytes::from(buf))
+    }
+
+    fn get_range(&self, key: &str, range: Range<u64>) -> Result<Bytes> {
+        let path = self.path(key)?;
+        let cached = self.lock_maps().get(&path).cloned();
+        if let Some(map) = cached {
+            return slice_of(&path, &map, range);
+        }
+        let mut f = File::open(&path).map_err(|e| io_error(&path, &e))?;
+        let len = f.metadata().map_err(|e| io_error(&path, &e))?.len();
+        if len >= MAP_MIN_BYTES {
+            let map = Bytes::new(Arc::new(map_file(&f).map_err(|e| io_error(&path, &e))?));
+            self.lock_maps().insert(path.clone(), map.clone());
+            return slice_of(&path, &map, range);
+        }
+        if range.start > range.end || range.end > len {
+            return Err(Error::Io {
+                path: path.display().to_string(),
+                kind: std::io::ErrorKind::UnexpectedEof,
+                message: format!("range {range:?} outside an object of {len} bytes"),
+            });
+        }
+        f.seek(SeekFrom::Start(range.start))
+            .map_err(|e| io_error(&path, &e))?;
+        let mut buf = vec![0u8; (range.end - range.start) as usize];
+        f.read_exact(&mut buf).map_err(|e| io_error(&path, &e))?;
+        Ok(Bytes::from(buf))
+    }
+
+    fn put(&self, key: &str, data: &[u8]) -> Result<()> {
+        self.put_parts(key, &[data])
+    }
+
+    fn put_parts(&self, key: &str, parts: &[&[u8]]) -> Result<()> {
+        let path = self.path(key)?;
+        let parent = path.parent().unwrap_or(&self.root).to_path_buf();
+        self.ensure_dir(&parent)?;
+        let (tmp, f) = self.write_tmp(parts)?;
+        if let Err(e) = fs::rename(&tmp, &path) {
+            let _ = fs::remove_file(&tmp);
+            return Err(io_error(&path, &e));
+        }
+        let mut dirty = self.lock();
+        dirty.files.push(f);
+        dirty.dirs.insert(parent);
+        Ok(())
+    }
+
+    fn put_if_absent(&self, key: &str, data: &[u8]) -> Result<PutOutcome> {
+        let path = self.path(key)?;
+        let parent = path.parent().unwrap_or(&self.root).to_path_buf();
+        self.ensure_dir(&parent)?;
+        let (tmp, f) = self.write_tmp(&[data])?;
+        let synced = f.sync_all();
+        drop(f);
+        if let Err(e) = synced {
+            let _ = fs::remove_file(&tmp);
+            return Err(io_error(&tmp, &e));
+        }
+        let linked = fs::hard_link(&tmp, &path);
+        let _ = fs::remove_file(&tmp);
+        match linked {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                return Ok(PutOutcome::AlreadyExists)
+            }
+            Err(e) => return Err(io_error(&path, &e)),
+        }
+        self.lock().dirs.insert(parent);
+        self.sync_dirs()?;
+        Ok(PutOutcome::Created)
+    }
+
+    fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>> {
+        // Walk the deepest directory that the prefix names entirely.
+        let dir_part = prefix.rfind('/').map_or("", |i| &prefix[..i]);
+        let start = if dir_part.is_empty() {
+            self.root.clone()
+        } else {
+            self.path(dir_part)?
+        };
+        let mut out = Vec::new();
+        let mut stack = vec![(start, dir_part.to_owned())];
+        while let Some((dir, key_prefix)) = stack.pop() {
+            let entries = match fs::read_dir(&dir) {
+                Ok(e) => e,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(e) if e.kind() == std::io::ErrorKind::NotADirectory => continue,
+                Err(e) => return Err(io_error(&dir, &e)),
+            };
+            for entry in entries {
+                let entry = entry.map_err(|e| io_error(&dir, &e))?;
+                let Ok(name) = entry.file_name().into_string() else {
+                    continue;
+                };
+                let key = if key_prefix.is_empty() {
+                    name.clone()
+                } else {
+                    format!("{key_prefix}/{name}")
+                };
+                if key == TMP_DIR {
+                    continue;
+                }
+                let meta = entry.metadata().map_err(|e| io_error(&entry.path(), &e))?;
+                if meta.is_dir() {
+                    if prefix.starts_with(&format!("{key}/")) || key.starts_with(prefix) {
+                        stack.push((entry.path(), key));
+                    }
+                } else if key.starts_with(prefix) {
+                    out.push(ObjectInfo {
+                        key,
+                        size: meta.len(),
+                        modified: meta.modified().ok(),
+                    });
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    fn delete(&self, key: &str) -> Result<()> {
+        let path = self.path(key)?;
+        self.lock_maps().remove(&path);
+        match fs::remove_file(&path) {
+            Ok(()) => {
+                if let Some(parent) = path.parent() {
+                    self.lock().dirs.insert(parent.to_path_buf());
+                }
+                Ok(())
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(io_error(&path, &e)),
+        }
+    }
+
+    fn barrier(&self) -> Result<()> {
+        let files = std::mem::take(&mut self.lock().files);
+        for (i, f) in files.iter().enumerate() {
+            if let Err(e) = f.sync_all() {
+                let mut dirty = self.lock();
+                dirty.files.extend(files.into_iter().skip(i));
+                return Err(io_error(&self.root, &e));
+            }
+        }
+        self.sync_dirs()
+    }
+
+    fn location(&self) -> String {
+        self.root.display().to_string()
+    }
+}

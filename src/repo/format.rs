@@ -1,0 +1,631 @@
+//! The repository's file formats: the envelope every binary object shares, the object
+//! bodies, the small JSON files, object keys, and packs. `docs/FORMAT.md` describes the
+//! same in prose.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+
+use crate::element::DType;
+use crate::error::{Error, Result};
+use crate::hash::ContentHash;
+use crate::meta::Meta;
+use crate::tensor::shape_len;
+
+/// The format version this build writes, and the only one it reads.
+pub(crate) const FORMAT_VERSION: u16 = 1;
+
+/// The format name in `config.json`.
+pub(crate) const FORMAT_NAME: &str = "tensor-history";
+
+/// First 7 bytes of every binary object (PNG-style: a high byte, the name, CR LF, ^Z, LF).
+pub(crate) const MAGIC: [u8; 7] = *b"\x89TH\r\n\x1a\n";
+
+/// Bytes before an object's body: magic, kind, version.
+pub(crate) const HEADER_LEN: usize = 10;
+
+/// Bytes of the BLAKE3 trailer.
+pub(crate) const TRAILER_LEN: usize = 32;
+
+/// Chunk data in a pack starts at multiples of this.
+pub(crate) const PACK_ALIGN: usize = 64;
+
+/// Most dimensions a stored tensor may have.
+const MAX_DIMS: usize = 64;
+
+/// The kind byte after the magic.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Kind {
+    Pack = b'P' as isize,
+    Index = b'I' as isize,
+    Manifest = b'M' as isize,
+    Version = b'V' as isize,
+    Gc = b'G' as isize,
+}
+
+impl Kind {
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Pack => "pack",
+            Kind::Index => "index",
+            Kind::Manifest => "manifest",
+            Kind::Version => "version",
+            Kind::Gc => "gc record",
+        }
+    }
+}
+
+pub(crate) fn corrupt(path: &str, reason: impl Into<String>) -> Error {
+    Error::CorruptObject {
+        path: path.to_owned(),
+        reason: reason.into(),
+    }
+}
+
+fn header(kind: Kind) -> [u8; HEADER_LEN] {
+    let mut h = [0u8; HEADER_LEN];
+    h[..7].copy_from_slice(&MAGIC);
+    h[7] = kind as u8;
+    h[8..10].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+    h
+}
+
+/// Check magic, kind and version of the first bytes of an object.
+fn check_header(path: &str, bytes: &[u8], kind: Kind) -> Result<()> {
+    if bytes.len() < HEADER_LEN || bytes[..7] != MAGIC {
+        return Err(corrupt(path, "not a tensor-history object (bad magic)"));
+    }
+    if bytes[7] != kind as u8 {
+        return Err(corrupt(
+            path,
+            format!(
+                "expected a {} object, found kind byte {}",
+                kind.name(),
+                bytes[7]
+            ),
+        ));
+    }
+    let version = u16::from_le_bytes([bytes[8], bytes[9]]);
+    if version != FORMAT_VERSION {
+        return Err(Error::UnsupportedFormat {
+            path: path.to_owned(),
+            found: format!("{} format version {version}", kind.name()),
+        });
+    }
+    Ok(())
+}
+
+/// Header, postcard body, BLAKE3 trailer. Returns the bytes and their id (the trailer).
+pub(crate) fn encode<T: Serialize>(kind: Kind, body: &T) -> (Vec<u8>, ContentHash) {
+    let mut out = header(kind).to_vec();
+    // Serializing plain data structures to a Vec cannot fail.
+    out = postcard::to_extend(body, out).unwrap_or_default();
+    let id = ContentHash::of_bytes(&out);
+    out.extend_from_slice(id.as_bytes());
+    (out, id)
+}
+
+/// Check an object's envelope (and, when `want` is given, that its id is `want`) and
+/// parse its body.
+pub(crate) fn decode<T: for<'de> Deserialize<'de>>(
+    path: &str,
+    bytes: &[u8],
+    kind: Kind,
+    want: Option<&ContentHash>,
+) -> Result<T> {
+    check_header(path, bytes, kind)?;
+    if bytes.len() < HEADER_LEN + TRAILER_LEN {
+        return Err(corrupt(path, "truncated (shorter than header and trailer)"));
+    }
+    let (content, trailer) = bytes.split_at(bytes.len() - TRAILER_LEN);
+    let id = ContentHash::of_bytes(content);
+    if id.as_bytes() != trailer {
+        return Err(corrupt(path, "checksum mismatch (torn or damaged)"));
+    }
+    if let Some(w) = want {
+        if *w != id {
+            return Err(corrupt(path, format!("holds object {id}, not {w}")));
+        }
+    }
+    let (body, rest) = postcard::take_from_bytes::<T>(&content[HEADER_LEN..])
+        .map_err(|e| corrupt(path, format!("unreadable body: {e}")))?;
+    if !rest.is_empty() {
+        return Err(corrupt(path, "trailing bytes after the body"));
+    }
+    Ok(body)
+}
+
+/// A 32-byte hash as stored in bodies.
+pub(crate) type RawHash = [u8; 32];
+
+/// One tensor: layout and chunk ids.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct ManifestBody {
+    pub(crate) dtype: u8,
+    pub(crate) shape: Vec<u64>,
+    pub(crate) chunk_elems: u64,
+    pub(crate) chunks: Vec<RawHash>,
+}
+
+/// A checked manifest.
+#[derive(Clone, Debug)]
+pub(crate) struct Manifest {
+    pub(crate) dtype: DType,
+    pub(crate) shape: Vec<usize>,
+    pub(crate) chunk_elems: usize,
+    pub(crate) chunks: Vec<ContentHash>,
+}
+
+impl Manifest {
+    /// Bytes of chunk `i`.
+    pub(crate) fn chunk_len(&self, i: usize) -> usize {
+        let len: usize = self.shape.iter().product();
+        let start = (i * self.chunk_elems).min(len);
+        let end = (start + self.chunk_elems).min(len);
+        (end - start) * self.dtype.size()
+    }
+}
+
+const DTYPES: [DType; 12] = [
+    DType::F16,
+    DType::BF16,
+    DType::F32,
+    DType::F64,
+    DType::I8,
+    DType::I16,
+    DType::I32,
+    DType::I64,
+    DType::U8,
+    DType::U16,
+    DType::U32,
+    DType::U64,
+];
+
+pub(crate) fn dtype_from_tag(tag: u8) -> Option<DType> {
+    DTYPES.iter().copied().find(|d| d.tag() == tag)
+}
+
+pub(crate) fn parse_manifest(
+    path: &str,
+    bytes: &[u8],
+    want: Option<&ContentHash>,
+) -> Result<Manifest> {
+    let body: ManifestBody = decode(path, bytes, Kind::Manifest, want)?;
+    let dtype = dtype_from_tag(body.dtype)
+        .ok_or_else(|| corrupt(path, format!("unknown dtype tag {}", body.dtype)))?;
+    if body.shape.len() > MAX_DIMS {
+        return Err(corrupt(path, format!("{} dimensions", body.shape.len())));
+    }
+    let shape: Vec<usize> = body
+        .shape
+        .iter()
+        .map(|&d| usize::try_from(d).map_err(|_| corrupt(path, "dimension overflows")))
+        .collect::<Result<_>>()?;
+    let len = shape_len(&shape)
+        .and_then(|n| n.checked_mul(dtype.size()).map(|_| n))
+        .ok_or_else(|| corrupt(path, "shape overflows"))?;
+    let chunk_elems = usize::try_from(body.chunk_elems)
+        .ok()
+        .filter(|&c| c >= 1)
+        .ok_or_else(|| corrupt(path, "bad chunk size"))?;
+    if chunk_elems.checked_mul(dtype.size()).is_none() {
+        return Err(corrupt(path, "chunk size overflows"));
+    }
+    if body.chunks.len() != len.div_ceil(chunk_elems) {
+        return Err(corrupt(
+            path,
+            format!(
+                "{} chunk ids for {len} elements of {chunk_elems} per chunk",
+                body.chunks.len()
+            ),
+        ));
+    }
+    Ok(Manifest {
+        dtype,
+        shape,
+        chunk_elems,
+        chunks: body.chunks.into_iter().map(ContentHash).collect(),
+    })
+}
+
+/// One version: its place in the tree, its message and time, and its variables.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct VersionBody {
+    /// The id the writing store gave it (its creation order there).
+    pub(crate) seq: u64,
+    pub(crate) parents: Vec<RawHash>,
+    pub(crate) time_secs: u64,
+    pub(crate) time_nanos: u32,
+    pub(crate) message: String,
+    /// The version's metadata (named numbers, text and flags).
+    pub(crate) meta: Meta,
+    /// Variable name → manifest id, sorted by name.
+    pub(crate) vars: Vec<(String, RawHash)>,
+}
+
+impl VersionBody {
+    pub(crate) fn time(&self) -> SystemTime {
+        UNIX_EPOCH
+            .checked_add(Duration::new(
+                self.time_secs,
+                self.time_nanos.min(999_999_999),
+            ))
+            .unwrap_or(UNIX_EPOCH)
+    }
+}
+
+pub(crate) fn time_parts(t: SystemTime) -> (u64, u32) {
+    t.duration_since(UNIX_EPOCH)
+        .map_or((0, 0), |d| (d.as_secs(), d.subsec_nanos()))
+}
+
+pub(crate) fn parse_version(
+    path: &str,
+    bytes: &[u8],
+    want: Option<&ContentHash>,
+) -> Result<VersionBody> {
+    let body: VersionBody = decode(path, bytes, Kind::Version, want)?;
+    if !body.vars.windows(2).all(|w| w[0].0 < w[1].0) {
+        return Err(corrupt(path, "variable names not sorted and unique"));
+    }
+    Ok(body)
+}
+
+/// Where chunks live: per pack, each chunk's id, offset and length.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct IndexBody {
+    /// Index files this one replaces (written by gc when it rewrites packs).
+    pub(crate) supersedes: Vec<RawHash>,
+    pub(crate) packs: Vec<IndexPack>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct IndexPack {
+    pub(crate) pack: RawHash,
+    pub(crate) chunks: Vec<PackEntry>,
+}
+
+/// One chunk in a pack.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct PackEntry {
+    pub(crate) id: RawHash,
+    pub(crate) offset: u64,
+    pub(crate) len: u64,
+}
+
+pub(crate) fn parse_index(
+    path: &str,
+    bytes: &[u8],
+    want: Option<&ContentHash>,
+) -> Result<IndexBody> {
+    decode(path, bytes, Kind::Index, want)
+}
+
+/// A gc run's record: candidates for deletion, and when they were found.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct GcBody {
+    /// When the candidates were found, in nanoseconds since the Unix epoch.
+    pub(crate) time_ns: u64,
+    pub(crate) keys: Vec<String>,
+    pub(crate) chunks: Vec<RawHash>,
+}
+
+pub(crate) fn parse_gc(path: &str, bytes: &[u8], want: Option<&ContentHash>) -> Result<GcBody> {
+    decode(path, bytes, Kind::Gc, want)
+}
+
+// ---- packs ------------------------------------------------------------------------
+
+/// Bytes after a pack's footer: footer offset, footer length (u64 LE each), trailer.
+pub(crate) const PACK_TAIL_LEN: usize = 16 + TRAILER_LEN;
+
+/// A pack's fixed header: the object header padded with zeros to [`PACK_ALIGN`].
+pub(crate) fn pack_header() -> [u8; PACK_ALIGN] {
+    let mut h = [0u8; PACK_ALIGN];
+    h[..HEADER_LEN].copy_from_slice(&header(Kind::Pack));
+    h
+}
+
+/// The footer, offsets and trailer that end a pack whose chunks are `entries`, and the
+/// pack's id (the trailer: BLAKE3 of the header, footer and offsets).
+pub(crate) fn pack_tail(footer_offset: u64, entries: &[PackEntry]) -> (Vec<u8>, ContentHash) {
+    let footer = postcard::to_stdvec(entries).unwrap_or_default();
+    let mut tail = footer;
+    let footer_len = tail.len() as u64;
+    tail.extend_from_slice(&footer_offset.to_le_bytes());
+    tail.extend_from_slice(&footer_len.to_le_bytes());
+    let mut h = blake3::Hasher::new();
+    h.update(&header(Kind::Pack));
+    h.update(&tail);
+    let id = ContentHash(*h.finalize().as_bytes());
+    tail.extend_from_slice(id.as_bytes());
+    (tail, id)
+}
+
+/// Parse a whole pack's header and footer (chunk data is checked by the chunks' own
+/// hashes when read).
+pub(crate) fn parse_pack(
+    path: &str,
+    bytes: &[u8],
+    want: Option<&ContentHash>,
+) -> Result<Vec<PackEntry>> {
+    check_header(path, bytes, Kind::Pack)?;
+    if bytes.len() < PACK_ALIGN + PACK_TAIL_LEN {
+        return Err(corrupt(path, "truncated pack"));
+    }
+    let tail_start = bytes.len() - PACK_TAIL_LEN;
+    let num = |at: usize| {
+        let mut b = [0u8; 8];
+        b.copy_from_slice(&bytes[at..at + 8]);
+        u64::from_le_bytes(b)
+    };
+    let (off, len) = (num(tail_start), num(tail_start + 8));
+    let end = off.checked_add(len);
+    if off < PACK_ALIGN as u64 || end != Some(tail_start as u64) {
+        return Err(corrupt(path, "pack footer offsets out of range"));
+    }
+    let footer = &bytes[off as usize..tail_start];
+    let mut h = blake3::Hasher::new();
+    h.update(&bytes[..HEADER_LEN]);
+    h.update(&bytes[off as usize..bytes.len() - TRAILER_LEN]);
+    let id = ContentHash(*h.finalize().as_bytes());
+    if id.as_bytes()[..] != bytes[bytes.len() - TRAILER_LEN..] {
+        return Err(corrupt(path, "pack checksum mismatch (torn or damaged)"));
+    }
+    if let Some(w) = want {
+        if *w != id {
+            return Err(corrupt(path, format!("holds pack {id}, not {w}")));
+        }
+    }
+    let (entries, rest) = postcard::take_from_bytes::<Vec<PackEntry>>(footer)
+        .map_err(|e| corrupt(path, format!("unreadable pack footer: {e}")))?;
+    if !rest.is_empty() {
+        return Err(corrupt(path, "trailing bytes after the pack footer"));
+    }
+    for e in &entries {
+        let ok = e.offset >= PACK_ALIGN as u64
+            && e.offset.is_multiple_of(PACK_ALIGN as u64)
+            && e.offset.checked_add(e.len).is_some_and(|x| x <= off);
+        if !ok {
+            return Err(corrupt(path, "pack entry outside the chunk area"));
+        }
+    }
+    Ok(entries)
+}
+
+// ---- JSON files -------------------------------------------------------------------
+
+/// `config.json`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct ConfigJson {
+    pub(crate) format: String,
+    pub(crate) version: u64,
+}
+
+/// One entry of a ref's log.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct RefEntry {
+    /// `branch`, `tag` or `deleted`.
+    pub(crate) kind: String,
+    /// The version (absent for `deleted`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) version: Option<ContentHash>,
+}
+
+/// `HEAD.json`: attached to a branch, or detached at a version.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum HeadJson {
+    Branch(String),
+    Detached(ContentHash),
+}
+
+/// `pruned/<2hex>/<id>.json`: a version dropped by `prune`, with its parents, so that
+/// its children can be linked past it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct PrunedJson {
+    pub(crate) parents: Vec<ContentHash>,
+}
+
+pub(crate) fn parse_json<T: for<'de> Deserialize<'de>>(path: &str, bytes: &[u8]) -> Result<T> {
+    serde_json::from_slice(bytes).map_err(|e| corrupt(path, format!("unreadable JSON: {e}")))
+}
+
+pub(crate) fn to_json<T: Serialize>(v: &T) -> Vec<u8> {
+    let mut out = serde_json::to_vec_pretty(v).unwrap_or_default();
+    out.push(b'\n');
+    out
+}
+
+// ---- keys -------------------------------------------------------------------------
+
+pub(crate) const CONFIG_KEY: &str = "config.json";
+pub(crate) const HEAD_KEY: &str = "HEAD.json";
+pub(crate) const REFS_PREFIX: &str = "refs/";
+pub(crate) const INDEX_PREFIX: &str = "index/";
+pub(crate) const PACKS_PREFIX: &str = "packs/";
+pub(crate) const MANIFESTS_PREFIX: &str = "manifests/";
+pub(crate) const VERSIONS_PREFIX: &str = "versions/";
+pub(crate) const PRUNED_PREFIX: &str = "pruned/";
+pub(crate) const GC_PREFIX: &str = "gc/";
+
+fn fanout(prefix: &str, id: &ContentHash, ext: &str) -> String {
+    let hex = id.to_string();
+    format!("{prefix}{}/{hex}.{ext}", &hex[..2])
+}
+
+pub(crate) fn pack_key(id: &ContentHash) -> String {
+    fanout(PACKS_PREFIX, id, "thpack")
+}
+pub(crate) fn manifest_key(id: &ContentHash) -> String {
+    fanout(MANIFESTS_PREFIX, id, "thman")
+}
+pub(crate) fn version_key(id: &ContentHash) -> String {
+    fanout(VERSIONS_PREFIX, id, "thver")
+}
+pub(crate) fn pruned_key(id: &ContentHash) -> String {
+    fanout(PRUNED_PREFIX, id, "json")
+}
+pub(crate) fn index_key(id: &ContentHash) -> String {
+    format!("{INDEX_PREFIX}{id}.thidx")
+}
+pub(crate) fn gc_key(id: &ContentHash) -> String {
+    format!("{GC_PREFIX}{id}.thgc")
+}
+
+/// The id in a content-addressed key (`.../<64 hex>.<ext>`), if it is one.
+pub(crate) fn id_of_key(key: &str, ext: &str) -> Option<ContentHash> {
+    let name = key.rsplit('/').next()?;
+    let hex = name.strip_suffix(ext)?.strip_suffix('.')?;
+    hex.parse().ok()
+}
+
+/// A ref name as one key component: ASCII letters, digits, `-` and `_` as they are,
+/// every other byte as `%XX`.
+pub(crate) fn encode_ref_name(name: &str) -> String {
+    let mut out = String::with_capacity(name.len());
+    for b in name.bytes() {
+        if b.is_ascii_alphanumeric() || b == b'-' || b == b'_' {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+pub(crate) fn decode_ref_name(s: &str) -> Option<String> {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = s.get(i + 1..i + 3)?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+/// `refs/<name>/<seq:020>.json`.
+pub(crate) fn ref_key(name: &str, seq: u64) -> String {
+    format!("{REFS_PREFIX}{}/{seq:020}.json", encode_ref_name(name))
+}
+
+/// The name and sequence number of a ref log key.
+pub(crate) fn parse_ref_key(key: &str) -> Option<(String, u64)> {
+    let rest = key.strip_prefix(REFS_PREFIX)?;
+    let (enc, file) = rest.split_once('/')?;
+    let seq = file.strip_suffix(".json")?;
+    if seq.len() != 20 || !seq.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    Some((decode_ref_name(enc)?, seq.parse().ok()?))
+}
+
+/// Parse any repository object from its key and bytes, for fuzzing and tools: every
+/// parser behind `Store::open` is reached from here. Never panics; garbage gives
+/// [`Error::CorruptObject`] or [`Error::UnsupportedFormat`].
+///
+/// # Errors
+///
+/// As described.
+#[doc(hidden)]
+pub fn parse_object(key: &str, bytes: &[u8]) -> Result<()> {
+    if key == CONFIG_KEY {
+        parse_json::<ConfigJson>(key, bytes).map(|_| ())
+    } else if key == HEAD_KEY {
+        parse_json::<HeadJson>(key, bytes).map(|_| ())
+    } else if key.starts_with(REFS_PREFIX) {
+        parse_json::<RefEntry>(key, bytes).map(|_| ())
+    } else if key.starts_with(PRUNED_PREFIX) {
+        parse_json::<PrunedJson>(key, bytes).map(|_| ())
+    } else if key.ends_with(".thpack") {
+        parse_pack(key, bytes, None).map(|_| ())
+    } else if key.ends_with(".thidx") {
+        parse_index(key, bytes, None).map(|_| ())
+    } else if key.ends_with(".thman") {
+        parse_manifest(key, bytes, None).map(|_| ())
+    } else if key.ends_with(".thver") {
+        parse_version(key, bytes, None).map(|_| ())
+    } else if key.ends_with(".thgc") {
+        parse_gc(key, bytes, None).map(|_| ())
+    } else {
+        Err(corrupt(key, "not a repository object key"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ref_names_round_trip_through_keys() {
+        for name in ["main", "a/b", "../x", "v1.0", "ünï", "%41", "a b"] {
+            let key = ref_key(name, 7);
+            assert_eq!(parse_ref_key(&key), Some((name.to_owned(), 7)), "{key}");
+            assert_eq!(key.matches('/').count(), 2, "{key}");
+        }
+    }
+
+    #[test]
+    fn envelope_round_trips_and_rejects_damage() {
+        let body = GcBody {
+            time_ns: 5,
+            keys: vec!["a".into()],
+            chunks: vec![[7; 32]],
+        };
+        let (bytes, id) = encode(Kind::Gc, &body);
+        assert_eq!(parse_gc("x", &bytes, Some(&id)).unwrap(), body);
+        for i in 0..bytes.len() {
+            let mut b = bytes.clone();
+            b[i] ^= 0x40;
+            assert!(parse_gc("x", &b, None).is_err(), "flip at {i}");
+        }
+        for n in 0..bytes.len() {
+            assert!(parse_gc("x", &bytes[..n], None).is_err(), "cut at {n}");
+        }
+        let mut v2 = bytes.clone();
+        v2[8] = 2;
+        assert!(matches!(
+            parse_gc("x", &v2, None),
+            Err(Error::UnsupportedFormat { .. })
+        ));
+    }
+
+    #[test]
+    fn every_parser_survives_garbage() {
+        let keys = [
+            CONFIG_KEY,
+            HEAD_KEY,
+            "refs/main/00000000000000000000.json",
+            "pruned/ab/x.json",
+            "packs/ab/x.thpack",
+            "index/x.thidx",
+            "manifests/ab/x.thman",
+            "versions/ab/x.thver",
+            "gc/x.thgc",
+        ];
+        let mut seed = 1u64;
+        for key in keys {
+            for len in [0usize, 1, 10, 42, 100, 300] {
+                let mut bytes: Vec<u8> = (0..len)
+                    .map(|_| {
+                        seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1);
+                        (seed >> 33) as u8
+                    })
+                    .collect();
+                assert!(parse_object(key, &bytes).is_err());
+                if bytes.len() >= HEADER_LEN {
+                    bytes[..7].copy_from_slice(&MAGIC);
+                    bytes[8..10].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+                    assert!(parse_object(key, &bytes).is_err());
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,487 @@
+//! `Store::gc`: delete what no saved ref, tag or HEAD reaches, in two phases so that a
+//! concurrent save never loses data, and rewrite mostly-dead packs.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+
+use super::backend::{is_not_found, Backend, ObjectInfo};
+use super::format::{
+    corrupt, encode, gc_key, id_of_key, index_key, manifest_key, pack_key, parse_gc, parse_index,
+    parse_json, parse_manifest, parse_ref_key, parse_version, pruned_key, version_key, GcBody,
+    HeadJson, IndexBody, IndexPack, Kind, PrunedJson, RefEntry, GC_PREFIX, HEAD_KEY, INDEX_PREFIX,
+    MANIFESTS_PREFIX, PACKS_PREFIX, PRUNED_PREFIX, REFS_PREFIX, VERSIONS_PREFIX,
+};
+use super::save::write_pack;
+use super::{Bound, Loc};
+use crate::error::{Error, Result};
+use crate::hash::ContentHash;
+use crate::store::Store;
+
+/// Default [`GcOptions::grace`]: one hour, longer than any save is expected to take.
+pub const DEFAULT_GC_GRACE: Duration = Duration::from_secs(3600);
+
+/// How [`Store::gc_with`] collects.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct GcOptions {
+    /// How long an object must stay unreferenced, from the gc run that first recorded
+    /// it, before a later run deletes it (default [`DEFAULT_GC_GRACE`]). It must exceed
+    /// the longest save of any process on the repository. `Duration::ZERO` deletes at
+    /// once: only safe when no other process writes to the repository.
+    pub grace: Duration,
+    /// Packs whose live bytes are below this fraction of their chunk bytes are rewritten
+    /// with only their live chunks (default 0.5).
+    pub repack_below: f64,
+}
+
+impl Default for GcOptions {
+    fn default() -> Self {
+        GcOptions {
+            grace: DEFAULT_GC_GRACE,
+            repack_below: 0.5,
+        }
+    }
+}
+
+impl GcOptions {
+    /// Options that delete unreferenced data at once (single-writer tools and tests).
+    #[must_use]
+    pub fn immediate() -> GcOptions {
+        GcOptions {
+            grace: Duration::ZERO,
+            ..GcOptions::default()
+        }
+    }
+}
+
+/// What a [`Store::gc`] found and did.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct GcStats {
+    /// Versions reachable from the saved refs and HEAD.
+    pub versions_live: usize,
+    /// Chunks those versions hold.
+    pub chunks_live: usize,
+    /// Objects recorded as unreferenced by this run (deleted by a run `grace` later).
+    pub candidates_recorded: usize,
+    /// Objects deleted.
+    pub objects_deleted: usize,
+    /// Bytes of the objects deleted.
+    pub bytes_deleted: u64,
+    /// Mostly-dead packs rewritten with only their live chunks.
+    pub packs_rewritten: usize,
+}
+
+/// What the saved refs reach.
+#[derive(Default)]
+struct Live {
+    keys: HashSet<String>,
+    chunks: HashSet<ContentHash>,
+    versions: usize,
+}
+
+fn now_ns() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos().min(u128::from(u64::MAX)) as u64)
+}
+
+fn ns_of(t: Option<SystemTime>) -> u64 {
+    t.and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_nanos().min(u128::from(u64::MAX)) as u64)
+}
+
+fn get(backend: &dyn Backend, key: &str) -> Result<super::backend::Bytes> {
+    backend.get(key).map_err(|e| {
+        if is_not_found(&e) {
+            corrupt(key, "missing (a saved ref reaches it)")
+        } else {
+            e
+        }
+    })
+}
+
+/// Mark: every object the latest ref log entries and HEAD reach.
+fn mark(backend: &dyn Backend, objects: &[ObjectInfo]) -> Result<Live> {
+    let mut live = Live::default();
+    let mut latest: BTreeMap<String, (u64, String)> = BTreeMap::new();
+    for o in objects.iter().filter(|o| o.key.starts_with(REFS_PREFIX)) {
+        if let Some((name, seq)) = parse_ref_key(&o.key) {
+            let slot = latest.entry(name).or_insert((seq, o.key.clone()));
+            if seq >= slot.0 {
+                *slot = (seq, o.key.clone());
+            }
+        }
+    }
+    let mut roots = Vec::new();
+    for (_, key) in latest.values() {
+        let e: RefEntry = parse_json(key, &get(backend, key)?)?;
+        roots.extend(e.version.filter(|_| e.kind != "deleted"));
+        live.keys.insert(key.clone());
+    }
+    match backend.get(HEAD_KEY) {
+        Ok(bytes) => {
+            if let Ok(HeadJson::Detached(h)) = parse_json(HEAD_KEY, &bytes) {
+                roots.push(h);
+            }
+        }
+        Err(e) if is_not_found(&e) => {}
+        Err(e) => return Err(e),
+    }
+    let markers: HashSet<&str> = objects
+        .iter()
+        .filter(|o| o.key.starts_with(PRUNED_PREFIX))
+        .map(|o| o.key.as_str())
+        .collect();
+    let root_set: HashSet<ContentHash> = roots.iter().copied().collect();
+    let mut seen = HashSet::new();
+    let mut manifests = HashSet::new();
+    let mut stack = roots;
+    while let Some(h) = stack.pop() {
+        if !seen.insert(h) {
+            continue;
+        }
+        let marker = pruned_key(&h);
+        if !root_set.contains(&h) && markers.contains(marker.as_str()) {
+            if let Ok(m) = parse_json::<PrunedJson>(&marker, &get(backend, &marker)?) {
+                live.keys.insert(marker);
+                stack.extend(m.parents);
+                continue;
+            }
+        }
+        let key = version_key(&h);
+        let body = parse_version(&key, &get(backend, &key)?, Some(&h))?;
+        live.keys.insert(key);
+        live.versions += 1;
+        stack.extend(body.parents.iter().map(|p| ContentHash(*p)));
+        for (_, m) in &body.vars {
+            let m = ContentHash(*m);
+            if manifests.insert(m) {
+                let key = manifest_key(&m);
+                let man = parse_manifest(&key, &get(backend, &key)?, Some(&m))?;
+                live.chunks.extend(man.chunks);
+                live.keys.insert(key);
+            }
+        }
+    }
+    Ok(live)
+}
+
+impl Store {
+    /// [`gc_with`](Store::gc_with) the default options: objects found unreferenced are
+    /// deleted by a later run at least an hour after this one recorded them.
+    ///
+    /// # Errors
+    ///
+    /// As for [`gc_with`](Store::gc_with).
+    pub fn gc(&mut self) -> Result<GcStats> {
+        self.gc_with(&GcOptions::default())
+    }
+
+    /// Delete repository data that no saved ref, tag or HEAD reaches (after `prune` and
+    /// `save`, the repository shrinks), without locks:
+    ///
+    /// 1. Mark everything the latest saved refs and HEAD reach.
+    /// 2. Rewrite packs whose live bytes are below `repack_below`: new pack, new index,
+    ///    barrier; the old pack is then unreferenced.
+    /// 3. Record every unreferenced object in a gc record (saves from then on write those
+    ///    chunks again instead of reusing them).
+    /// 4. Delete the objects of records at least `grace` old that are still unreferenced
+    ///    and were not rewritten since (indexes naming deleted packs are first replaced by
+    ///    ones that do not), then the records.
+    ///
+    /// A save that runs concurrently never loses data as long as it takes less than
+    /// `grace`: what it writes or reuses is referenced by the time step 4 looks again.
+    ///
+    /// O(repository metadata) reads + O(dead objects) deletes + O(live bytes of
+    /// rewritten packs).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] without a repository; [`Error::Io`];
+    /// [`Error::CorruptObject`] if an object a saved ref reaches is damaged or missing
+    /// (nothing is deleted then).
+    pub fn gc_with(&mut self, options: &GcOptions) -> Result<GcStats> {
+        let mut b = self.repo.take().ok_or_else(|| Error::InvalidArgument {
+            reason: "this store has no repository".into(),
+        })?;
+        let result = gc_into(&mut b, options);
+        self.repo = Some(b);
+        result
+    }
+}
+
+/// Every non-superseded index file with its body.
+fn read_indexes(backend: &dyn Backend, objects: &[ObjectInfo]) -> Result<Vec<(String, IndexBody)>> {
+    let mut out = Vec::new();
+    let mut superseded = HashSet::new();
+    for o in objects.iter().filter(|o| o.key.starts_with(INDEX_PREFIX)) {
+        let Some(id) = id_of_key(&o.key, "thidx") else {
+            continue;
+        };
+        let bytes = match backend.get(&o.key) {
+            Ok(b) => b,
+            Err(e) if is_not_found(&e) => continue,
+            Err(e) => return Err(e),
+        };
+        // A damaged index is left alone (its packs are then kept too).
+        if let Ok(body) = parse_index(&o.key, &bytes, Some(&id)) {
+            superseded.extend(body.supersedes.iter().map(|h| index_key(&ContentHash(*h))));
+            out.push((o.key.clone(), body));
+        }
+    }
+    out.retain(|(k, _)| !superseded.contains(k));
+    Ok(out)
+}
+
+fn gc_into(b: &mut Bound, options: &GcOptions) -> Result<GcStats> {
+    let backend = b.backend.clone();
+    let backend = &*backend;
+    let mut stats = GcStats::default();
+    let objects = backend.list("")?;
+    let live = mark(backend, &objects)?;
+    stats.versions_live = live.versions;
+    stats.chunks_live = live.chunks.len();
+    let indexes = read_indexes(backend, &objects)?;
+    let modified: HashMap<&str, &ObjectInfo> =
+        objects.iter().map(|o| (o.key.as_str(), o)).collect();
+
+    // Which pack serves each live chunk; packs by live bytes.
+    let mut serving: HashMap<ContentHash, ContentHash> = HashMap::new();
+    let mut pack_chunks: HashMap<ContentHash, Vec<(ContentHash, u64, u64)>> = HashMap::new();
+    for (_, body) in &indexes {
+        for p in &body.packs {
+            let pack = ContentHash(p.pack);
+            if !modified.contains_key(pack_key(&pack).as_str()) {
+                continue;
+            }
+            let list = pack_chunks.entry(pack).or_default();
+            for e in &p.chunks {
+                let id = ContentHash(e.id);
+                list.push((id, e.offset, e.len));
+                if live.chunks.contains(&id) {
+                    serving.entry(id).or_insert(pack);
+                }
+            }
+        }
+    }
+
+    // Rewrite mostly-dead packs: new pack and index first, then the old pack is garbage.
+    let mut rewrite = Vec::new();
+    for (pack, chunks) in &pack_chunks {
+        let total: u64 = chunks.iter().map(|c| c.2).sum();
+        let served: Vec<&(ContentHash, u64, u64)> = chunks
+            .iter()
+            .filter(|c| serving.get(&c.0) == Some(pack))
+            .collect();
+        let live_bytes: u64 = served.iter().map(|c| c.2).sum();
+        if live_bytes > 0 && (live_bytes as f64) < options.repack_below * total as f64 {
+            rewrite.push((*pack, served.into_iter().copied().collect::<Vec<_>>()));
+        }
+    }
+    if !rewrite.is_empty() {
+        let mut index = IndexBody::default();
+        let mut moved = Vec::new();
+        for (pack, chunks) in &rewrite {
+            let key = pack_key(pack);
+            let mut data = Vec::with_capacity(chunks.len());
+            for (id, off, len) in chunks {
+                let bytes = backend.get_range(&key, *off..off + len)?;
+                if ContentHash::of_bytes(&bytes) != *id {
+                    return Err(corrupt(&key, format!("chunk {id} does not match its hash")));
+                }
+                data.push((*id, bytes));
+            }
+            let refs: Vec<(ContentHash, &[u8])> = data.iter().map(|(h, d)| (*h, &d[..])).collect();
+            let (new_pack, entries, _) = write_pack(backend, &refs)?;
+            for e in &entries {
+                moved.push((
+                    ContentHash(e.id),
+                    Loc {
+                        pack: new_pack,
+                        offset: e.offset,
+                        len: e.len,
+                    },
+                ));
+            }
+            index.packs.push(IndexPack {
+                pack: new_pack.0,
+                chunks: entries,
+            });
+            stats.packs_rewritten += 1;
+        }
+        let (bytes, id) = encode(Kind::Index, &index);
+        backend.put(&index_key(&id), &bytes)?;
+        backend.barrier()?;
+        b.chunks.note_index(Some(id));
+        let mut idx = b.chunks.index.write().unwrap_or_else(|p| p.into_inner());
+        for (h, loc) in moved {
+            serving.insert(h, loc.pack);
+            idx.insert(h, loc);
+        }
+    }
+
+    // Phase 1: record what is unreferenced now.
+    let dead_pack = |pack: &ContentHash| {
+        pack_chunks
+            .get(pack)
+            .is_none_or(|cs| cs.iter().all(|c| serving.get(&c.0) != Some(pack)))
+    };
+    let mut latest_ref: HashMap<String, u64> = HashMap::new();
+    for o in &objects {
+        if let Some((name, seq)) = parse_ref_key(&o.key) {
+            let e = latest_ref.entry(name).or_insert(seq);
+            *e = (*e).max(seq);
+        }
+    }
+    let mut candidates: HashSet<String> = HashSet::new();
+    let mut candidate_chunks = Vec::new();
+    for o in &objects {
+        let k = o.key.as_str();
+        let dead = if k.starts_with(PACKS_PREFIX) {
+            id_of_key(k, "thpack").is_some_and(|p| {
+                let d = dead_pack(&p);
+                if d {
+                    candidate_chunks
+                        .extend(pack_chunks.get(&p).into_iter().flatten().map(|c| c.0 .0));
+                }
+                d
+            })
+        } else if k.starts_with(MANIFESTS_PREFIX)
+            || k.starts_with(VERSIONS_PREFIX)
+            || k.starts_with(PRUNED_PREFIX)
+        {
+            !live.keys.contains(k)
+        } else if k.starts_with(REFS_PREFIX) {
+            parse_ref_key(k)
+                .is_some_and(|(name, seq)| latest_ref.get(&name).is_some_and(|l| seq < *l))
+        } else {
+            false
+        };
+        if dead {
+            candidates.insert(o.key.clone());
+        }
+    }
+    let now = now_ns();
+    let mut records: Vec<(String, GcBody)> = Vec::new();
+    for o in objects.iter().filter(|o| o.key.starts_with(GC_PREFIX)) {
+        let Some(id) = id_of_key(&o.key, "thgc") else {
+            continue;
+        };
+        match backend
+            .get(&o.key)
+            .and_then(|bytes| parse_gc(&o.key, &bytes, Some(&id)))
+        {
+            Ok(body) => records.push((o.key.clone(), body)),
+            // A record torn by a crash: delete it (it only ever delays deletions).
+            Err(Error::CorruptObject { .. }) => backend.delete(&o.key)?,
+            Err(e) if is_not_found(&e) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    let recorded: HashSet<&String> = records.iter().flat_map(|(_, r)| r.keys.iter()).collect();
+    let mut fresh: Vec<String> = candidates
+        .iter()
+        .filter(|k| !recorded.contains(k))
+        .cloned()
+        .collect();
+    fresh.sort();
+    if !fresh.is_empty() {
+        let body = GcBody {
+            time_ns: now,
+            keys: fresh,
+            chunks: candidate_chunks,
+        };
+        let (bytes, id) = encode(Kind::Gc, &body);
+        backend.put(&gc_key(&id), &bytes)?;
+        backend.barrier()?;
+        stats.candidates_recorded = body.keys.len();
+        b.gc_candidates
+            .extend(body.chunks.iter().map(|h| ContentHash(*h)));
+        records.push((gc_key(&id), body));
+    }
+
+    // Phase 2: delete candidates of records old enough, still unreferenced, unchanged.
+    let grace = u64::try_from(options.grace.as_nanos()).unwrap_or(u64::MAX);
+    let mut doomed: Vec<&str> = Vec::new();
+    let mut done_records = Vec::new();
+    for (key, rec) in &records {
+        if now.saturating_sub(rec.time_ns) < grace {
+            continue;
+        }
+        for k in &rec.keys {
+            let still = candidates.contains(k)
+                && modified
+                    .get(k.as_str())
+                    .is_some_and(|o| ns_of(o.modified) <= rec.time_ns);
+            if still {
+                doomed.push(k);
+            }
+        }
+        done_records.push(key.clone());
+    }
+    let doomed_packs: HashSet<ContentHash> = doomed
+        .iter()
+        .filter(|k| k.starts_with(PACKS_PREFIX))
+        .filter_map(|k| id_of_key(k, "thpack"))
+        .collect();
+    // Indexes that name a pack about to go are replaced first.
+    let mut old_indexes = Vec::new();
+    let mut replacement = IndexBody::default();
+    for (key, body) in &indexes {
+        if body
+            .packs
+            .iter()
+            .any(|p| doomed_packs.contains(&ContentHash(p.pack)))
+        {
+            old_indexes.push(key.clone());
+            if let Some(id) = id_of_key(key, "thidx") {
+                replacement.supersedes.push(id.0);
+            }
+            replacement.packs.extend(
+                body.packs
+                    .iter()
+                    .filter(|p| !doomed_packs.contains(&ContentHash(p.pack)))
+                    .cloned(),
+            );
+        }
+    }
+    if !old_indexes.is_empty() {
+        let (bytes, id) = encode(Kind::Index, &replacement);
+        backend.put(&index_key(&id), &bytes)?;
+        backend.barrier()?;
+        b.chunks.note_index(Some(id));
+        for k in &old_indexes {
+            backend.delete(k)?;
+            stats.objects_deleted += 1;
+            stats.bytes_deleted += modified.get(k.as_str()).map_or(0, |o| o.size);
+        }
+    }
+    for k in doomed {
+        backend.delete(k)?;
+        stats.objects_deleted += 1;
+        stats.bytes_deleted += modified.get(k).map_or(0, |o| o.size);
+        if let Some(p) = id_of_key(k, "thpack") {
+            let mut idx = b.chunks.index.write().unwrap_or_else(|p| p.into_inner());
+            idx.retain(|_, loc| loc.pack != p);
+        }
+        if let Some(v) = id_of_key(k, "thver") {
+            // Keep the bookkeeping of versions this store holds in sync.
+            if let Some(id) = b.by_hash.remove(&v) {
+                b.saved.remove(&id);
+            }
+        }
+        if let Some(m) = id_of_key(k, "thman") {
+            b.manifests.remove(&m);
+        }
+    }
+    backend.barrier()?;
+    for k in done_records {
+        backend.delete(&k)?;
+    }
+    backend.barrier()?;
+    b.read_markers()?;
+    Ok(stats)
+}

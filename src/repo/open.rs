@@ -1,0 +1,589 @@
+//! `Store::open`: connect to a repository and load its refs, HEAD, versions and
+//! manifests (no chunk data); `Store::refresh`: take in what others saved since.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap, HashMap, HashSet};
+use std::path::Path;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use super::backend::{is_not_found, Backend, PutOutcome};
+use super::format::{
+    corrupt, id_of_key, manifest_key, parse_gc, parse_json, parse_manifest, parse_ref_key,
+    parse_version, to_json, version_key, ConfigJson, HeadJson, Manifest, PrunedJson, RefEntry,
+    VersionBody, CONFIG_KEY, FORMAT_NAME, FORMAT_VERSION, GC_PREFIX, HEAD_KEY, PRUNED_PREFIX,
+    REFS_PREFIX,
+};
+use super::{open_path, Bound};
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::hash::ContentHash;
+use crate::history::{check_ref_name, Head, History, Ref, Vars, Version, VersionId};
+use crate::store::{vars_equal, Store};
+use crate::tensor::{ChunkVec, Tensor};
+
+/// Largest gap of unused ids left to give a loaded version the id it had when saved.
+const MAX_ID_GAP: u64 = 1 << 20;
+
+/// What a [`Store::refresh`] took in.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct RefreshStats {
+    /// Versions new to this store.
+    pub versions_loaded: usize,
+    /// Refs moved, created or deleted to match the repository.
+    pub refs_updated: Vec<String>,
+    /// Branches that moved both here and in the repository: this store keeps its own;
+    /// merge the repository's (now loaded; see [`Store::tips`]) and save.
+    pub diverged: Vec<String>,
+}
+
+/// Read an object, turning "not found" into a corrupt-repository error naming it.
+fn must_get(backend: &dyn Backend, key: &str) -> Result<super::backend::Bytes> {
+    backend.get(key).map_err(|e| {
+        if is_not_found(&e) {
+            corrupt(key, "missing (the repository refers to it)")
+        } else {
+            e
+        }
+    })
+}
+
+/// The latest entry of a ref's log, if it has one.
+pub(crate) fn read_ref_log(backend: &dyn Backend, name: &str) -> Result<Option<(u64, RefEntry)>> {
+    let prefix = format!("{REFS_PREFIX}{}/", super::format::encode_ref_name(name));
+    let latest = backend
+        .list(&prefix)?
+        .into_iter()
+        .filter_map(|o| parse_ref_key(&o.key).map(|(_, seq)| (seq, o.key)))
+        .max();
+    match latest {
+        None => Ok(None),
+        Some((seq, key)) => {
+            let bytes = must_get(backend, &key)?;
+            Ok(Some((seq, parse_json(&key, &bytes)?)))
+        }
+    }
+}
+
+/// The latest entry of every ref's log.
+fn read_refs(backend: &dyn Backend) -> Result<BTreeMap<String, (u64, RefEntry)>> {
+    let mut latest: BTreeMap<String, (u64, String)> = BTreeMap::new();
+    for o in backend.list(REFS_PREFIX)? {
+        if let Some((name, seq)) = parse_ref_key(&o.key) {
+            let slot = latest.entry(name).or_insert((seq, o.key.clone()));
+            if seq > slot.0 {
+                *slot = (seq, o.key);
+            }
+        }
+    }
+    let mut out = BTreeMap::new();
+    for (name, (seq, key)) in latest {
+        let bytes = must_get(backend, &key)?;
+        out.insert(name, (seq, parse_json(&key, &bytes)?));
+    }
+    Ok(out)
+}
+
+impl Bound {
+    /// Connect to the repository behind `backend`, creating it if the location is
+    /// empty: check the format, read refs, HEAD, the chunk index, prune markers and gc
+    /// records. Reads no version and no chunk.
+    pub(crate) fn connect(backend: Arc<dyn Backend>) -> Result<Bound> {
+        let config = match backend.get(CONFIG_KEY) {
+            Ok(b) => b,
+            Err(e) if is_not_found(&e) => {
+                if !backend.list("")?.is_empty() {
+                    return Err(Error::UnsupportedFormat {
+                        path: format!("{}/{CONFIG_KEY}", backend.location()),
+                        found: "a non-empty location without a tensor-history config.json".into(),
+                    });
+                }
+                let body = to_json(&ConfigJson {
+                    format: FORMAT_NAME.into(),
+                    version: u64::from(FORMAT_VERSION),
+                });
+                match backend.put_if_absent(CONFIG_KEY, &body)? {
+                    PutOutcome::Created => {}
+                    PutOutcome::AlreadyExists => {}
+                }
+                backend.get(CONFIG_KEY)?
+            }
+            Err(e) => return Err(e),
+        };
+        let config: ConfigJson =
+            parse_json(CONFIG_KEY, &config).map_err(|_| Error::UnsupportedFormat {
+                path: CONFIG_KEY.into(),
+                found: "a config.json that is not a tensor-history config".into(),
+            })?;
+        if config.format != FORMAT_NAME || config.version != u64::from(FORMAT_VERSION) {
+            return Err(Error::UnsupportedFormat {
+                path: CONFIG_KEY.into(),
+                found: format!("format `{}` version {}", config.format, config.version),
+            });
+        }
+        let mut b = Bound::new(backend);
+        b.refs_seen = read_refs(&*b.backend)?;
+        b.head_seen = match b.backend.get(HEAD_KEY) {
+            // HEAD is replaced in place (write and rename); a power loss can leave it torn.
+            // It only says where to start, so an unreadable one means "the default".
+            Ok(bytes) => parse_json(HEAD_KEY, &bytes).ok(),
+            Err(e) if is_not_found(&e) => None,
+            Err(e) => return Err(e),
+        };
+        b.read_indexes()?;
+        b.read_markers()?;
+        Ok(b)
+    }
+
+    /// Read the index files not read yet.
+    pub(crate) fn read_indexes(&mut self) -> Result<()> {
+        self.chunks.read_indexes(false)
+    }
+
+    /// Read prune markers and gc records not read yet.
+    pub(crate) fn read_markers(&mut self) -> Result<()> {
+        for o in self.backend.list(PRUNED_PREFIX)? {
+            let Some(id) = id_of_key(&o.key, "json") else {
+                continue;
+            };
+            if self.pruned.contains_key(&id) {
+                continue;
+            }
+            // A marker torn by a crash before its save's barrier is ignored: the version
+            // then simply stays in the history.
+            if let Ok(bytes) = self.backend.get(&o.key) {
+                if let Ok(m) = parse_json::<PrunedJson>(&o.key, &bytes) {
+                    self.pruned.insert(id, m.parents);
+                }
+            }
+        }
+        self.gc_candidates.clear();
+        for o in self.backend.list(GC_PREFIX)? {
+            let Some(id) = id_of_key(&o.key, "thgc") else {
+                continue;
+            };
+            if let Ok(bytes) = self.backend.get(&o.key) {
+                if let Ok(rec) = parse_gc(&o.key, &bytes, Some(&id)) {
+                    self.gc_candidates
+                        .extend(rec.chunks.iter().map(|h| ContentHash(*h)));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Versions read from the repository, checked, ready to enter the history.
+struct Loaded {
+    order: Vec<ContentHash>,
+    bodies: HashMap<ContentHash, VersionBody>,
+    parents: HashMap<ContentHash, Vec<ContentHash>>,
+    vars: HashMap<ContentHash, Vars>,
+}
+
+/// Read every version reachable from `roots` that `b` does not hold yet, with its
+/// manifests, and check that every chunk is indexed. Changes nothing.
+fn read_versions(b: &Bound, roots: &[ContentHash]) -> Result<Loaded> {
+    let backend = &*b.backend;
+    let root_set: HashSet<ContentHash> = roots.iter().copied().collect();
+    let mut bodies: HashMap<ContentHash, VersionBody> = HashMap::new();
+    let mut visited = HashSet::new();
+    let mut stack: Vec<ContentHash> = roots.to_vec();
+    while let Some(h) = stack.pop() {
+        if b.by_hash.contains_key(&h) || !visited.insert(h) {
+            continue;
+        }
+        if !root_set.contains(&h) {
+            if let Some(ps) = b.pruned.get(&h) {
+                stack.extend(ps.iter().copied());
+                continue;
+            }
+        }
+        let key = version_key(&h);
+        let bytes = must_get(backend, &key)?;
+        let body = parse_version(&key, &bytes, Some(&h))?;
+        stack.extend(body.parents.iter().map(|p| ContentHash(*p)));
+        bodies.insert(h, body);
+    }
+
+    // Parents as the history sees them: pruned ones replaced by their own parents.
+    let mut parents: HashMap<ContentHash, Vec<ContentHash>> = HashMap::new();
+    for (h, body) in &bodies {
+        let mut out = Vec::new();
+        let mut work: Vec<ContentHash> =
+            body.parents.iter().rev().map(|p| ContentHash(*p)).collect();
+        let mut seen = HashSet::new();
+        while let Some(p) = work.pop() {
+            if !seen.insert(p) {
+                continue;
+            }
+            if bodies.contains_key(&p) || b.by_hash.contains_key(&p) {
+                if !out.contains(&p) {
+                    out.push(p);
+                }
+            } else if let Some(pp) = b.pruned.get(&p) {
+                work.extend(pp.iter().rev().copied());
+            } else {
+                return Err(corrupt(&version_key(h), format!("parent {p} is missing")));
+            }
+        }
+        parents.insert(*h, out);
+    }
+
+    // Parents first; among the ready ones, creation order.
+    let mut waiting: HashMap<ContentHash, usize> = HashMap::new();
+    let mut children: HashMap<ContentHash, Vec<ContentHash>> = HashMap::new();
+    let mut ready = BinaryHeap::new();
+    for (h, ps) in &parents {
+        let n = ps.iter().filter(|p| bodies.contains_key(p)).count();
+        for p in ps.iter().filter(|p| bodies.contains_key(p)) {
+            children.entry(*p).or_default().push(*h);
+        }
+        if n == 0 {
+            ready.push(Reverse((bodies[h].seq, *h)));
+        }
+        waiting.insert(*h, n);
+    }
+    let mut order = Vec::with_capacity(bodies.len());
+    while let Some(Reverse((_, h))) = ready.pop() {
+        order.push(h);
+        for c in children.get(&h).into_iter().flatten() {
+            if let Some(n) = waiting.get_mut(c) {
+                *n -= 1;
+                if *n == 0 {
+                    ready.push(Reverse((bodies[c].seq, *c)));
+                }
+            }
+        }
+    }
+    if order.len() != bodies.len() {
+        return Err(corrupt(VERSIONS_DIR, "the version graph has a cycle"));
+    }
+
+    // Manifests → tensors of stored chunks.
+    let mut tensors: HashMap<ContentHash, Tensor> = HashMap::new();
+    let mut vars = HashMap::new();
+    for h in &order {
+        let mut v = Vars::new();
+        for (name, m) in &bodies[h].vars {
+            let m = ContentHash(*m);
+            let t = match tensors.get(&m) {
+                Some(t) => t.clone(),
+                None => {
+                    let key = manifest_key(&m);
+                    let bytes = must_get(backend, &key)?;
+                    let manifest = parse_manifest(&key, &bytes, Some(&m))?;
+                    let t = tensor_of(b, &key, &manifest)?;
+                    tensors.insert(m, t.clone());
+                    t
+                }
+            };
+            v.insert(name.clone(), t);
+        }
+        vars.insert(*h, v);
+    }
+    Ok(Loaded {
+        order,
+        bodies,
+        parents,
+        vars,
+    })
+}
+
+const VERSIONS_DIR: &str = "versions/";
+
+fn tensor_of(b: &Bound, key: &str, m: &Manifest) -> Result<Tensor> {
+    let mut chunks = ChunkVec::new();
+    for (i, id) in m.chunks.iter().enumerate() {
+        match b.chunks.locate(id) {
+            Some(loc) if loc.len == m.chunk_len(i) as u64 => {}
+            Some(loc) => {
+                return Err(corrupt(
+                    key,
+                    format!(
+                        "chunk {i} is {} bytes in the index, {} by the layout",
+                        loc.len,
+                        m.chunk_len(i)
+                    ),
+                ))
+            }
+            None => return Err(b.chunks.missing(id, key)),
+        }
+        chunks.push_back(b.stored_chunk(*id, m.chunk_len(i)));
+    }
+    Ok(Tensor::from_parts(m.dtype, &m.shape, m.chunk_elems, chunks))
+}
+
+/// Put loaded versions into the history (ids as saved where free); returns how many.
+fn insert_versions(hist: &mut History, b: &mut Bound, mut loaded: Loaded) -> usize {
+    let n = loaded.order.len();
+    for h in loaded.order {
+        let Some(body) = loaded.bodies.remove(&h) else {
+            continue;
+        };
+        let parents: Vec<VersionId> = loaded.parents[&h]
+            .iter()
+            .filter_map(|p| b.by_hash.get(p).copied())
+            .collect();
+        let len = hist.nodes.len() as u64;
+        let floor = parents.iter().map(|p| p.0 + 1).max().unwrap_or(0).max(len);
+        let id = if body.seq >= floor && body.seq - floor <= MAX_ID_GAP {
+            body.seq
+        } else {
+            floor
+        };
+        while (hist.nodes.len() as u64) < id {
+            hist.nodes.push(None);
+        }
+        for p in &parents {
+            if let Ok(node) = hist.node_mut(*p) {
+                node.children.push(VersionId(id));
+            }
+        }
+        hist.nodes.push(Some(Version {
+            parents,
+            children: Vec::new(),
+            message: body.message.as_str().into(),
+            time: body.time(),
+            meta: Arc::new(body.meta),
+            vars: loaded.vars.remove(&h).unwrap_or_default(),
+        }));
+        b.record_version(
+            VersionId(id),
+            h,
+            body.parents.iter().map(|p| ContentHash(*p)).collect(),
+        );
+    }
+    n
+}
+
+fn to_ref(b: &Bound, e: &RefEntry) -> Option<Ref> {
+    let id = *b.by_hash.get(&e.version?)?;
+    match e.kind.as_str() {
+        "branch" => Some(Ref::Branch(id)),
+        "tag" => Some(Ref::Tag(id)),
+        _ => None,
+    }
+}
+
+fn roots_of(
+    b: &Bound,
+    refs: &BTreeMap<String, (u64, RefEntry)>,
+    head: Option<&HeadJson>,
+) -> Vec<ContentHash> {
+    let mut roots: Vec<ContentHash> = refs
+        .values()
+        .filter(|(_, e)| e.kind != "deleted")
+        .filter_map(|(_, e)| e.version)
+        .collect();
+    if let Some(HeadJson::Detached(h)) = head {
+        roots.push(*h);
+    }
+    roots.retain(|h| !b.by_hash.contains_key(h));
+    roots
+}
+
+impl Store {
+    /// Open the repository at `location` (a directory, created if absent, or a URL)
+    /// with the default [`Config`]: refs, HEAD (with its branch) and the version tree
+    /// come back as saved, and the working state is HEAD. No chunk data is read: chunks
+    /// are mapped (or fetched) and checked against their hash on first read.
+    ///
+    /// O(versions + tensors) objects read.
+    ///
+    /// ```
+    /// # use tensor_history::Store;
+    /// # use ndarray::array;
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let mut store = Store::new();
+    /// store.insert("w", &array![1.0f32, 2.0])?;
+    /// let v0 = store.commit("init")?;
+    /// store.save_as(dir.path())?;
+    ///
+    /// let reopened = Store::open(dir.path())?;
+    /// assert_eq!(reopened.head(), Some(v0));
+    /// assert_eq!(reopened.get::<f32>("w")?, array![1.0f32, 2.0].into_dyn());
+    /// # Ok::<(), tensor_history::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Io`]; [`Error::UnsupportedFormat`] for a repository of another format
+    /// version (or a non-empty directory that is not a repository);
+    /// [`Error::CorruptObject`] naming a damaged or missing object.
+    pub fn open(location: impl AsRef<Path>) -> Result<Store> {
+        Store::open_with(location, Config::default())
+    }
+
+    /// [`open`](Store::open) with a [`Config`] for new tensors and retention.
+    ///
+    /// # Errors
+    ///
+    /// As for [`open`](Store::open), and [`Error::InvalidConfig`].
+    pub fn open_with(location: impl AsRef<Path>, config: Config) -> Result<Store> {
+        Store::open_backend(open_path(location.as_ref())?, config)
+    }
+
+    /// [`open`](Store::open) on a backend (an in-memory or simulated one, or one built
+    /// by the caller).
+    ///
+    /// # Errors
+    ///
+    /// As for [`open_with`](Store::open_with).
+    pub fn open_backend(backend: Arc<dyn Backend>, config: Config) -> Result<Store> {
+        let mut store = Store::with_config(config)?;
+        let mut b = Bound::connect(backend)?;
+        let refs = b.refs_seen.clone();
+        let roots = roots_of(&b, &refs, b.head_seen.as_ref());
+        let loaded = read_versions(&b, &roots)?;
+        insert_versions(&mut store.hist, &mut b, loaded);
+        for (name, (_, e)) in &refs {
+            if check_ref_name(name).is_err() {
+                continue;
+            }
+            if let Some(r) = to_ref(&b, e) {
+                store.hist.refs.insert(name.clone(), r);
+            }
+        }
+        store.hist.head = pick_head(&store.hist, &b);
+        store.working = match store.hist.head_id() {
+            Some(h) => store.hist.node(h)?.vars.clone(),
+            None => Vars::new(),
+        };
+        store.repo = Some(Box::new(b));
+        Ok(store)
+    }
+
+    /// Take in the refs and versions that other processes saved since this store opened
+    /// the repository or last refreshed. A ref this store did not move since follows the
+    /// repository (the working state follows an attached branch when it is clean); a
+    /// branch moved on both sides keeps this store's target and is reported as
+    /// diverged. Uncommitted changes are kept.
+    ///
+    /// O(new versions + refs) objects read.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] without a repository; [`Error::Io`],
+    /// [`Error::CorruptObject`]. Nothing changes on error.
+    pub fn refresh(&mut self) -> Result<RefreshStats> {
+        let mut b = self.repo.take().ok_or_else(|| Error::InvalidArgument {
+            reason: "this store has no repository".into(),
+        })?;
+        let result = refresh_into(self, &mut b);
+        self.repo = Some(b);
+        result
+    }
+}
+
+fn pick_head(hist: &History, b: &Bound) -> Head {
+    let has_versions = hist.live().next().is_some();
+    match &b.head_seen {
+        Some(HeadJson::Branch(n))
+            if matches!(hist.refs.get(n), Some(Ref::Branch(_))) || !has_versions =>
+        {
+            return Head::Branch(n.clone());
+        }
+        Some(HeadJson::Detached(h)) => {
+            if let Some(id) = b.by_hash.get(h) {
+                return Head::Detached(*id);
+            }
+        }
+        _ => {}
+    }
+    if matches!(hist.refs.get("main"), Some(Ref::Branch(_))) || !has_versions {
+        return Head::Branch("main".into());
+    }
+    if let Some((name, _)) = hist.refs.iter().find(|(_, r)| matches!(r, Ref::Branch(_))) {
+        return Head::Branch(name.clone());
+    }
+    match hist.live().next_back() {
+        Some((id, _)) => Head::Detached(id),
+        None => Head::Branch("main".into()),
+    }
+}
+
+fn refresh_into(store: &mut Store, b: &mut Bound) -> Result<RefreshStats> {
+    b.read_indexes()?;
+    b.read_markers()?;
+    let refs = read_refs(&*b.backend)?;
+    let changed: BTreeMap<String, (u64, RefEntry)> = refs
+        .into_iter()
+        .filter(|(name, (seq, _))| b.refs_seen.get(name).is_none_or(|(s, _)| s < seq))
+        .collect();
+    let roots = roots_of(b, &changed, None);
+    let loaded = read_versions(b, &roots)?;
+    let mut stats = RefreshStats {
+        versions_loaded: insert_versions(&mut store.hist, b, loaded),
+        ..RefreshStats::default()
+    };
+    let hash_of = |v: VersionId| b.saved.get(&v).copied();
+    for (name, (seq, theirs)) in changed {
+        if check_ref_name(&name).is_err() {
+            continue;
+        }
+        let local = store.hist.refs.get(&name).copied();
+        let local_entry = super::save::ref_entry_pub(local.as_ref(), &hash_of);
+        let seen_entry = b.refs_seen.get(&name).map(|(_, e)| e.clone());
+        let unchanged_here = match &seen_entry {
+            Some(e) => *e == local_entry,
+            None => local.is_none(),
+        };
+        if local_entry == theirs {
+            b.refs_seen.insert(name, (seq, theirs));
+            continue;
+        }
+        let checked_out = store.hist.head_branch() == Some(name.as_str());
+        if !unchanged_here || (checked_out && (store.is_dirty() || theirs.kind != "branch")) {
+            stats.diverged.push(name);
+            continue;
+        }
+        match to_ref(b, &theirs) {
+            Some(r) => {
+                store.hist.refs.insert(name.clone(), r);
+                if checked_out {
+                    let vars = store.hist.node(r.target())?.vars.clone();
+                    if !vars_equal(&vars, &store.working) {
+                        store.working = vars;
+                    }
+                    store.hist.redo.clear();
+                }
+            }
+            None => {
+                store.hist.refs.remove(&name);
+            }
+        }
+        b.refs_seen.insert(name.clone(), (seq, theirs));
+        stats.refs_updated.push(name);
+    }
+    Ok(stats)
+}
+
+/// The version whose content address starts with the hex digits `text` (at least 4),
+/// among versions saved or loaded; `None` if `text` is not such a prefix of any.
+pub(crate) fn resolve_prefix(store: &Store, text: &str) -> Result<Option<VersionId>> {
+    let Some(b) = &store.repo else {
+        return Ok(None);
+    };
+    if text.len() < 4 || text.len() > 64 || !text.bytes().all(|c| c.is_ascii_hexdigit()) {
+        return Ok(None);
+    }
+    let want = text.to_ascii_lowercase();
+    let mut found: Vec<VersionId> = b
+        .saved
+        .iter()
+        .filter(|(id, h)| store.hist.node(**id).is_ok() && h.to_string().starts_with(&want))
+        .map(|(id, _)| *id)
+        .collect();
+    found.sort_unstable();
+    match found.len() {
+        0 => Ok(None),
+        1 => Ok(Some(found[0])),
+        n => Err(Error::AmbiguousRef {
+            prefix: text.to_owned(),
+            matches: n,
+        }),
+    }
+}

@@ -1,0 +1,570 @@
+//! `Store::save` and `Store::save_as`: write what the repository lacks, in a crash-safe
+//! order, then move the refs with create-if-absent writes.
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::path::Path;
+use std::sync::Arc;
+
+use rayon::prelude::*;
+use serde::{Deserialize, Serialize};
+
+use super::backend::{Backend, PutOutcome};
+use super::format::{
+    encode, index_key, manifest_key, pack_header, pack_key, pack_tail, pruned_key, ref_key,
+    time_parts, to_json, version_key, HeadJson, IndexBody, IndexPack, Kind, ManifestBody,
+    PackEntry, PrunedJson, RefEntry, VersionBody, HEAD_KEY, PACK_ALIGN,
+};
+use super::{open_path, Bound, Loc};
+use crate::chunk::Chunk;
+use crate::error::{Error, Result};
+use crate::hash::ContentHash;
+use crate::history::{Head, History, Ref, VersionId};
+use crate::store::Store;
+use crate::tensor::Tensor;
+
+/// Packs are cut at about this size.
+pub(crate) const PACK_TARGET_BYTES: usize = 32 << 20;
+
+/// What a [`Store::save`] wrote.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct SaveStats {
+    /// Versions written (new to the repository).
+    pub versions_written: usize,
+    /// Chunks written into new packs.
+    pub chunks_written: usize,
+    /// Distinct chunks of the new versions that the repository already held.
+    pub chunks_present: usize,
+    /// Packs written.
+    pub packs_written: usize,
+    /// Manifests (per-tensor objects) written.
+    pub manifests_written: usize,
+    /// Ref log entries written (branches, tags, deletions).
+    pub refs_written: usize,
+    /// Bytes of every object written.
+    pub bytes_written: u64,
+}
+
+/// A tensor's manifest object and its id.
+pub(crate) fn manifest_bytes(t: &Tensor) -> (Vec<u8>, ContentHash) {
+    let body = ManifestBody {
+        dtype: t.dtype().tag(),
+        shape: t.shape().iter().map(|&d| d as u64).collect(),
+        chunk_elems: t.chunk_elems() as u64,
+        chunks: t.chunks().map(|c| c.hash().0).collect(),
+    };
+    encode(Kind::Manifest, &body)
+}
+
+/// Hash every chunk whose hash is not cached, in parallel.
+fn hash_chunks(chunks: &[&Chunk]) {
+    let todo: Vec<&&Chunk> = chunks
+        .iter()
+        .filter(|c| c.cached_hash().is_none())
+        .collect();
+    let bytes: usize = todo.iter().map(|c| c.len_bytes()).sum();
+    if bytes >= 1 << 20 && todo.len() > 1 {
+        todo.par_iter().with_min_len(1).for_each(|c| {
+            let _ = c.hash();
+        });
+    } else {
+        todo.iter().for_each(|c| {
+            let _ = c.hash();
+        });
+    }
+}
+
+/// Versions reachable from the refs and HEAD that `known` lacks, oldest first.
+fn unsaved(hist: &History, known: &HashMap<VersionId, ContentHash>) -> Result<Vec<VersionId>> {
+    let mut stack: Vec<VersionId> = hist.refs.values().map(|r| r.target()).collect();
+    stack.extend(hist.head_id());
+    let mut todo = BTreeSet::new();
+    while let Some(v) = stack.pop() {
+        if known.contains_key(&v) || !todo.insert(v) {
+            continue;
+        }
+        stack.extend(hist.node(v)?.parents.iter().copied());
+    }
+    Ok(todo.into_iter().collect())
+}
+
+/// Encode version `id` given its parents' and manifests' ids.
+fn version_object(
+    hist: &History,
+    id: VersionId,
+    hash_of: impl Fn(VersionId) -> Option<ContentHash>,
+    manifest_of: &mut impl FnMut(&Tensor) -> ContentHash,
+) -> Result<(Vec<u8>, ContentHash, Vec<ContentHash>)> {
+    let node = hist.node(id)?;
+    let parents: Vec<ContentHash> = node
+        .parents
+        .iter()
+        .map(|p| {
+            hash_of(*p).ok_or_else(|| Error::Corrupt {
+                reason: format!("parent {p} of {id} has no content address"),
+            })
+        })
+        .collect::<Result<_>>()?;
+    let (time_secs, time_nanos) = time_parts(node.time);
+    let body = VersionBody {
+        seq: id.0,
+        parents: parents.iter().map(|p| p.0).collect(),
+        time_secs,
+        time_nanos,
+        message: node.message.to_string(),
+        meta: (*node.meta).clone(),
+        vars: node
+            .vars
+            .iter()
+            .map(|(name, t)| (name.clone(), manifest_of(t).0))
+            .collect(),
+    };
+    let (bytes, hash) = encode(Kind::Version, &body);
+    Ok((bytes, hash, parents))
+}
+
+/// Write `chunks` as one pack; returns its id, entries and size.
+pub(crate) fn write_pack(
+    backend: &dyn Backend,
+    chunks: &[(ContentHash, &[u8])],
+) -> Result<(ContentHash, Vec<PackEntry>, u64)> {
+    static PAD: [u8; PACK_ALIGN] = [0; PACK_ALIGN];
+    let header = pack_header();
+    let mut parts: Vec<&[u8]> = Vec::with_capacity(chunks.len() * 2 + 2);
+    parts.push(&header);
+    let mut offset = PACK_ALIGN as u64;
+    let mut entries = Vec::with_capacity(chunks.len());
+    for (id, bytes) in chunks {
+        entries.push(PackEntry {
+            id: id.0,
+            offset,
+            len: bytes.len() as u64,
+        });
+        parts.push(bytes);
+        offset += bytes.len() as u64;
+        let pad = (PACK_ALIGN - (bytes.len() % PACK_ALIGN)) % PACK_ALIGN;
+        if pad > 0 {
+            parts.push(&PAD[..pad]);
+            offset += pad as u64;
+        }
+    }
+    let (tail, id) = pack_tail(offset, &entries);
+    parts.push(&tail);
+    backend.put_parts(&pack_key(&id), &parts)?;
+    Ok((id, entries, offset + tail.len() as u64))
+}
+
+/// The entry a ref should have in the repository, from memory.
+fn ref_entry(r: Option<&Ref>, hash_of: &impl Fn(VersionId) -> Option<ContentHash>) -> RefEntry {
+    match r {
+        Some(Ref::Branch(v)) => RefEntry {
+            kind: "branch".into(),
+            version: hash_of(*v),
+        },
+        Some(Ref::Tag(v)) => RefEntry {
+            kind: "tag".into(),
+            version: hash_of(*v),
+        },
+        None => RefEntry {
+            kind: "deleted".into(),
+            version: None,
+        },
+    }
+}
+
+pub(crate) fn ref_entry_pub(
+    r: Option<&Ref>,
+    hash_of: &impl Fn(VersionId) -> Option<ContentHash>,
+) -> RefEntry {
+    ref_entry(r, hash_of)
+}
+
+/// What one save did, for the store to apply after.
+pub(crate) struct Saved {
+    pub(crate) stats: SaveStats,
+    pub(crate) conflicts: Vec<String>,
+}
+
+impl Store {
+    /// Where this store saves (`None` for a store that was never opened or saved to a
+    /// repository). O(1).
+    #[must_use]
+    pub fn location(&self) -> Option<&str> {
+        self.repo.as_ref().map(|b| b.location.as_str())
+    }
+
+    /// The backend this store saves to (`None` without a repository). O(1).
+    #[must_use]
+    pub fn backend(&self) -> Option<Arc<dyn Backend>> {
+        self.repo.as_ref().map(|b| b.backend.clone())
+    }
+
+    /// Write every version reachable from a branch, a tag or HEAD that the repository
+    /// lacks, then move the refs and HEAD. Only chunks the repository lacks are written
+    /// (a second save with nothing new writes no chunk); uncommitted changes are not
+    /// saved. Order: packs, index, manifests, versions, barrier (fsync), refs
+    /// (create-if-absent), HEAD. A crash at any point leaves the previous save readable.
+    /// Afterwards, chunks held only by saved versions (not by the working state) leave the
+    /// heap: they are read back from the repository when used.
+    ///
+    /// O(new chunks) writes + O(chunks of new versions) hashing (parallel, cached).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] if the store has no repository (see
+    /// [`save_as`](Store::save_as)); [`Error::Io`] from the backend (nothing in memory is
+    /// lost; the next save writes what is missing); [`Error::Conflict`] if a branch moved
+    /// in the repository since this store last saw it (nothing is written for it; every
+    /// other ref is saved; [`refresh`](Store::refresh) and merge first).
+    pub fn save(&mut self) -> Result<SaveStats> {
+        let mut bound = self.repo.take().ok_or_else(|| Error::InvalidArgument {
+            reason: "this store has no repository: use save_as or open".into(),
+        })?;
+        let result = save_into(&self.hist, &mut bound);
+        if result.is_ok() {
+            self.evict(&bound);
+        }
+        self.repo = Some(bound);
+        let saved = result?;
+        match saved.conflicts.into_iter().next() {
+            Some(branch) => Err(Error::Conflict { branch }),
+            None => Ok(saved.stats),
+        }
+    }
+
+    /// Bind the store to the repository at `location` (a directory, created if absent,
+    /// or a URL) and [`save`](Store::save) there. On error the store keeps its previous
+    /// repository, if any.
+    ///
+    /// O(all chunks) the first time.
+    ///
+    /// # Errors
+    ///
+    /// As for [`save`](Store::save) and [`open`](Store::open).
+    pub fn save_as(&mut self, location: impl AsRef<Path>) -> Result<SaveStats> {
+        let backend = open_path(location.as_ref())?;
+        self.save_to(backend)
+    }
+
+    /// [`save_as`](Store::save_as) with a backend.
+    ///
+    /// # Errors
+    ///
+    /// As for [`save_as`](Store::save_as).
+    pub fn save_to(&mut self, backend: Arc<dyn Backend>) -> Result<SaveStats> {
+        let bound = Bound::connect(backend)?;
+        let old = self.repo.replace(Box::new(bound));
+        match self.save() {
+            Err(e) if !matches!(e, Error::Conflict { .. }) => {
+                self.repo = old;
+                Err(e)
+            }
+            r => r,
+        }
+    }
+
+    /// The content address of version `id`: the BLAKE3 hash of its version object, the
+    /// same in every process and repository (messages, times, parents and contents
+    /// included). Printable, and accepted by [`resolve`](Store::resolve) as a hex prefix
+    /// once the version is saved or loaded.
+    ///
+    /// O(1) for a saved version; else O(chunks of it and its unsaved ancestors) hashing.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::UnknownVersion`], [`Error::PrunedVersion`].
+    pub fn version_hash(&self, id: VersionId) -> Result<ContentHash> {
+        self.hist.node(id)?;
+        let mut known: HashMap<VersionId, ContentHash> = self
+            .repo
+            .as_ref()
+            .map(|b| b.saved.clone())
+            .unwrap_or_default();
+        if let Some(h) = known.get(&id) {
+            return Ok(*h);
+        }
+        let mut todo = BTreeSet::new();
+        let mut stack = vec![id];
+        while let Some(v) = stack.pop() {
+            if known.contains_key(&v) || !todo.insert(v) {
+                continue;
+            }
+            stack.extend(self.hist.node(v)?.parents.iter().copied());
+        }
+        for v in todo {
+            let node = self.hist.node(v)?;
+            let chunks: Vec<&Chunk> = node.vars.values().flat_map(|t| t.chunks()).collect();
+            hash_chunks(&chunks);
+            let (_, h, _) = version_object(&self.hist, v, |p| known.get(&p).copied(), &mut |t| {
+                manifest_bytes(t).1
+            })?;
+            known.insert(v, h);
+        }
+        known.get(&id).copied().ok_or(Error::UnknownVersion { id })
+    }
+
+    /// Replace heap chunks held only by saved versions with stored chunks.
+    fn evict(&mut self, b: &Bound) {
+        let working: HashSet<usize> = self
+            .working
+            .values()
+            .flat_map(|t| t.chunks().map(Chunk::addr))
+            .collect();
+        let ids: Vec<VersionId> = b.saved.keys().copied().collect();
+        let mut replaced: HashMap<usize, Chunk> = HashMap::new();
+        for id in ids {
+            let Ok(node) = self.hist.node_mut(id) else {
+                continue;
+            };
+            let mut updates = Vec::new();
+            for (name, t) in node.vars.iter() {
+                let evictable = |c: &Chunk| {
+                    !c.is_stored()
+                        && !working.contains(&c.addr())
+                        && c.cached_hash().is_some_and(|h| b.chunks.contains(&h))
+                };
+                if !t.chunks().any(evictable) {
+                    continue;
+                }
+                let chunks = t
+                    .chunks()
+                    .map(|c| {
+                        if !evictable(c) {
+                            return c.clone();
+                        }
+                        replaced
+                            .entry(c.addr())
+                            .or_insert_with(|| b.stored_chunk(c.hash(), c.len_bytes()))
+                            .clone()
+                    })
+                    .collect();
+                updates.push((name.clone(), t.with_chunks(chunks)));
+            }
+            let changed = !updates.is_empty();
+            let mut vars = node.vars.clone();
+            for (name, t) in updates {
+                vars.insert(name, t);
+            }
+            if changed {
+                node.vars = vars;
+            }
+        }
+    }
+}
+
+/// The save protocol proper; `b` is updated with what became durable.
+fn save_into(hist: &History, b: &mut Bound) -> Result<Saved> {
+    let backend = b.backend.clone();
+    let mut stats = SaveStats::default();
+    let todo = unsaved(hist, &b.saved)?;
+
+    // Chunks of the new versions: hash (parallel), then keep those the repository lacks.
+    let mut seen = HashSet::new();
+    let mut chunks: Vec<&Chunk> = Vec::new();
+    for v in &todo {
+        for t in hist.node(*v)?.vars.values() {
+            chunks.extend(t.chunks().filter(|c| seen.insert(c.addr())));
+        }
+    }
+    hash_chunks(&chunks);
+    let mut new_ids = HashSet::new();
+    let mut new: Vec<(ContentHash, &Chunk)> = Vec::new();
+    for c in chunks {
+        let h = c.hash();
+        if b.chunks.contains(&h) && !b.gc_candidates.contains(&h) {
+            if new_ids.insert(h) {
+                stats.chunks_present += 1;
+            }
+        } else if new_ids.insert(h) {
+            new.push((h, c));
+        }
+    }
+
+    // Packs, then one index of them.
+    let mut index = IndexBody::default();
+    let mut group_start = 0;
+    while group_start < new.len() {
+        let mut end = group_start;
+        let mut bytes = 0;
+        while end < new.len()
+            && (end == group_start || bytes + new[end].1.len_bytes() <= PACK_TARGET_BYTES)
+        {
+            bytes += new[end].1.len_bytes();
+            end += 1;
+        }
+        let group: Vec<(ContentHash, &[u8])> = new[group_start..end]
+            .iter()
+            .map(|(h, c)| c.load().map(|()| (*h, c.bytes())))
+            .collect::<Result<_>>()?;
+        let (id, entries, size) = write_pack(&*backend, &group)?;
+        stats.packs_written += 1;
+        stats.chunks_written += end - group_start;
+        stats.bytes_written += size;
+        index.packs.push(IndexPack {
+            pack: id.0,
+            chunks: entries,
+        });
+        group_start = end;
+    }
+    let mut index_id = None;
+    if !index.packs.is_empty() {
+        let (bytes, id) = encode(Kind::Index, &index);
+        backend.put(&index_key(&id), &bytes)?;
+        stats.bytes_written += bytes.len() as u64;
+        index_id = Some(id);
+    }
+
+    // Manifests, then versions (parents before children).
+    let mut manifests_new: HashSet<ContentHash> = HashSet::new();
+    let mut new_versions: HashMap<VersionId, ContentHash> = HashMap::new();
+    let mut new_parents: Vec<(VersionId, ContentHash, Vec<ContentHash>)> = Vec::new();
+    for v in &todo {
+        let mut err = None;
+        let mut put_manifest = |t: &Tensor| {
+            let (bytes, id) = manifest_bytes(t);
+            if err.is_none() && !b.manifests.contains(&id) && manifests_new.insert(id) {
+                match backend.put(&manifest_key(&id), &bytes) {
+                    Ok(()) => {
+                        stats.manifests_written += 1;
+                        stats.bytes_written += bytes.len() as u64;
+                    }
+                    Err(e) => err = Some(e),
+                }
+            }
+            id
+        };
+        let hash_of = |p: VersionId| b.saved.get(&p).or_else(|| new_versions.get(&p)).copied();
+        let (bytes, id, parents) = version_object(hist, *v, hash_of, &mut put_manifest)?;
+        if let Some(e) = err {
+            return Err(e);
+        }
+        backend.put(&version_key(&id), &bytes)?;
+        stats.versions_written += 1;
+        stats.bytes_written += bytes.len() as u64;
+        new_versions.insert(*v, id);
+        new_parents.push((*v, id, parents));
+    }
+
+    // Prune markers for saved versions that were pruned since.
+    let mut markers = Vec::new();
+    for (id, h) in &b.saved {
+        if hist.node(*id).is_err() && !b.pruned.contains_key(h) {
+            let parents = b.parents_of.get(h).cloned().unwrap_or_default();
+            let bytes = to_json(&PrunedJson {
+                parents: parents.clone(),
+            });
+            backend.put(&pruned_key(h), &bytes)?;
+            stats.bytes_written += bytes.len() as u64;
+            markers.push((*h, parents));
+        }
+    }
+
+    backend.barrier()?;
+
+    // Everything above is durable: record it.
+    {
+        let mut idx = b.chunks.index.write().unwrap_or_else(|p| p.into_inner());
+        for p in &index.packs {
+            for e in &p.chunks {
+                let h = ContentHash(e.id);
+                idx.insert(
+                    h,
+                    Loc {
+                        pack: ContentHash(p.pack),
+                        offset: e.offset,
+                        len: e.len,
+                    },
+                );
+                b.gc_candidates.remove(&h);
+            }
+        }
+    }
+    b.chunks.note_index(index_id);
+    b.manifests.extend(manifests_new);
+    for (v, h, parents) in new_parents {
+        b.record_version(v, h, parents);
+    }
+    for (h, parents) in markers {
+        b.pruned.insert(h, parents);
+    }
+
+    // Refs: one create-if-absent log entry per ref that changed.
+    let hash_of = |v: VersionId| b.saved.get(&v).copied();
+    let mut names: BTreeSet<String> = hist.refs.keys().cloned().collect();
+    names.extend(b.refs_seen.keys().cloned());
+    let mut conflicts = Vec::new();
+    for name in names {
+        let want = ref_entry(hist.refs.get(&name), &hash_of);
+        let seen = b.refs_seen.get(&name);
+        let unchanged = match seen {
+            None => want.kind == "deleted",
+            Some((_, e)) => *e == want,
+        };
+        if unchanged {
+            continue;
+        }
+        let mut seq = seen.map_or(0, |(s, _)| s + 1);
+        let body = to_json(&want);
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            match backend.put_if_absent(&ref_key(&name, seq), &body)? {
+                PutOutcome::Created => {
+                    stats.refs_written += 1;
+                    stats.bytes_written += body.len() as u64;
+                    b.refs_seen.insert(name.clone(), (seq, want.clone()));
+                    break;
+                }
+                PutOutcome::AlreadyExists => {
+                    let latest = super::open::read_ref_log(&*backend, &name)?;
+                    let Some((lseq, lentry)) = latest else {
+                        conflicts.push(name.clone());
+                        break;
+                    };
+                    if lentry == want {
+                        b.refs_seen.insert(name.clone(), (lseq, lentry));
+                        break;
+                    }
+                    if tries < 8 && fast_forward(hist, b, &lentry, &want) {
+                        seq = lseq + 1;
+                        continue;
+                    }
+                    conflicts.push(name.clone());
+                    break;
+                }
+            }
+        }
+    }
+
+    // HEAD.
+    let head = match &hist.head {
+        Head::Branch(name) => Some(HeadJson::Branch(name.clone())),
+        Head::Detached(v) => hash_of(*v).map(HeadJson::Detached),
+    };
+    let head_conflicts = matches!(&head, Some(HeadJson::Branch(n)) if conflicts.contains(n));
+    if let Some(head) = head {
+        if b.head_seen.as_ref() != Some(&head) && !head_conflicts {
+            let body = to_json(&head);
+            backend.put(HEAD_KEY, &body)?;
+            backend.barrier()?;
+            stats.bytes_written += body.len() as u64;
+            b.head_seen = Some(head);
+        }
+    }
+    Ok(Saved { stats, conflicts })
+}
+
+/// Whether writing `want` over the repository's `theirs` loses nothing: both are the
+/// same kind and `theirs`' version is an ancestor of `want`'s (which this store holds).
+fn fast_forward(hist: &History, b: &Bound, theirs: &RefEntry, want: &RefEntry) -> bool {
+    if theirs.kind != want.kind || want.kind == "deleted" {
+        return false;
+    }
+    let (Some(t), Some(w)) = (theirs.version, want.version) else {
+        return false;
+    };
+    let (Some(tid), Some(wid)) = (b.by_hash.get(&t), b.by_hash.get(&w)) else {
+        return false;
+    };
+    hist.ancestors(*wid).is_ok_and(|a| a.contains(tid))
+}

@@ -1,0 +1,251 @@
+//! Power loss and backend errors during saves and gc: reopening never panics, finds the
+//! previous or the new save, and verifies; a failed save loses nothing.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::io::ErrorKind;
+use std::sync::Arc;
+
+use tensor_history::{
+    Backend, Config, ContentHash, Error, GcOptions, Ref, Retention, SimBackend, Store,
+};
+
+use common::{ramp, CHUNK_BYTES};
+
+fn config() -> Config {
+    Config {
+        chunk_bytes: CHUNK_BYTES,
+        ..Config::default()
+    }
+}
+
+/// What a reopened store must show: refs by content address, HEAD and every version's
+/// contents.
+#[derive(Debug, PartialEq, Eq)]
+struct Fingerprint {
+    head: Option<ContentHash>,
+    branch: Option<String>,
+    refs: BTreeMap<String, (bool, ContentHash)>,
+    versions: BTreeMap<ContentHash, ContentHash>,
+}
+
+fn fingerprint(s: &Store) -> Fingerprint {
+    let h = |id| s.version_hash(id).unwrap();
+    Fingerprint {
+        head: s.head().map(h),
+        branch: s.current_branch().map(str::to_owned),
+        refs: s
+            .refs()
+            .into_iter()
+            .map(|(n, r)| (n, (matches!(r, Ref::Branch(_)), h(r.target()))))
+            .collect(),
+        versions: s
+            .versions()
+            .into_iter()
+            .map(|id| (h(id), s.snapshot(id).unwrap().content_hash()))
+            .collect(),
+    }
+}
+
+fn base_store() -> Store {
+    let mut s = Store::with_config(config()).unwrap();
+    s.insert("w", &ramp(&[40, 16], 0.0)).unwrap();
+    s.insert("b", &ramp(&[5], 1.0)).unwrap();
+    s.commit("init").unwrap();
+    s.update::<f32>("w", |_, xs| xs[3] += 1.0).unwrap();
+    s.commit("step").unwrap();
+    s.tag("t0", s.head().unwrap()).unwrap();
+    s
+}
+
+/// Reopen what a power loss left and check that HEAD and every ref are as in `old` or
+/// as in `new` (refs move one by one, each atomically), and that every version holds
+/// the data it was saved with.
+fn check_survivor(sim: &SimBackend, seed: u64, old: &Fingerprint, new: &Fingerprint, what: &str) {
+    let survivor = sim.power_loss(seed);
+    let r = Store::open_backend(Arc::new(survivor), config())
+        .unwrap_or_else(|e| panic!("{what}: reopen failed: {e}"));
+    r.verify()
+        .unwrap_or_else(|e| panic!("{what}: verify failed: {e}"));
+    let f = fingerprint(&r);
+    let either = |a: Option<&(bool, ContentHash)>, name: &str| {
+        a == old.refs.get(name) || a == new.refs.get(name)
+    };
+    for name in f.refs.keys().chain(old.refs.keys()).chain(new.refs.keys()) {
+        assert!(either(f.refs.get(name), name), "{what}: ref {name}: {f:#?}");
+    }
+    assert!(
+        (f.head, &f.branch) == (old.head, &old.branch)
+            || (f.head, &f.branch) == (new.head, &new.branch),
+        "{what}: HEAD: {f:#?}"
+    );
+    for (v, content) in &f.versions {
+        let saved = old.versions.get(v).or(new.versions.get(v));
+        assert_eq!(saved, Some(content), "{what}: version {v}");
+    }
+}
+
+/// Run `prepare` then `act` on a fresh simulated disk with a crash at every operation
+/// index of `act`, checking each survivor.
+fn crash_everywhere(
+    name: &str,
+    prepare: impl Fn(&Arc<SimBackend>) -> Store,
+    act: impl Fn(&mut Store, &Arc<SimBackend>) -> Result<(), Error>,
+) {
+    // A run without crash counts the operations.
+    let sim = Arc::new(SimBackend::new());
+    let mut s = prepare(&sim);
+    let _ = reopen_fingerprint(&sim);
+    let start = sim.ops();
+    act(&mut s, &sim).unwrap();
+    let total = sim.ops() - start;
+    assert_eq!(
+        reopen_fingerprint(&sim),
+        fingerprint(&s),
+        "{name}: the save is incomplete"
+    );
+    assert!(total > 0, "{name}: no operation to crash at");
+    for n in 0..total {
+        let sim = Arc::new(SimBackend::new());
+        let mut s = prepare(&sim);
+        let old = reopen_fingerprint(&sim);
+        sim.crash_at(sim.ops() + n);
+        let before = fingerprint(&s);
+        let new = &before;
+        let r = act(&mut s, &sim);
+        assert!(
+            r.is_err(),
+            "{name}: op {n} of {total}: the crash was not reported"
+        );
+        assert_eq!(
+            fingerprint(&s),
+            before,
+            "{name}: memory changed by a failed call"
+        );
+        for seed in 0..4 {
+            check_survivor(
+                &sim,
+                seed,
+                &old,
+                new,
+                &format!("{name}: op {n}/{total} seed {seed}"),
+            );
+        }
+    }
+}
+
+fn reopen_fingerprint(sim: &Arc<SimBackend>) -> Fingerprint {
+    let b: Arc<dyn Backend> = sim.clone();
+    match Store::open_backend(b, config()) {
+        Ok(s) => fingerprint(&s),
+        Err(e) => panic!("reopen failed: {e}"),
+    }
+}
+
+#[test]
+fn power_loss_during_a_first_save_leaves_an_empty_or_the_saved_repository() {
+    crash_everywhere(
+        "first save",
+        |_| base_store(),
+        |s, sim| s.save_to(sim.clone()).map(|_| ()),
+    );
+}
+
+fn saved_store(sim: &Arc<SimBackend>) -> Store {
+    let mut s = base_store();
+    s.save_to(sim.clone()).unwrap();
+    s
+}
+
+#[test]
+fn power_loss_during_a_sparse_save_leaves_the_previous_or_the_new_save() {
+    crash_everywhere(
+        "sparse save",
+        |sim| {
+            let mut s = saved_store(sim);
+            s.update_range::<f32>("w", 100..101, |_, xs| xs[0] = -1.0)
+                .unwrap();
+            s.commit("sparse").unwrap();
+            s.branch("other", s.head().unwrap()).unwrap();
+            s
+        },
+        |s, _| s.save().map(|_| ()),
+    );
+}
+
+#[test]
+fn power_loss_during_a_save_after_prune_leaves_the_previous_or_the_new_save() {
+    crash_everywhere(
+        "save after prune",
+        |sim| {
+            let mut s = saved_store(sim);
+            for i in 0..4 {
+                s.update::<f32>("w", |_, xs| xs[0] = i as f32).unwrap();
+                s.commit(&format!("more {i}")).unwrap();
+            }
+            s.save().unwrap();
+            s.prune(&Retention::keep_last(2)).unwrap();
+            s.delete_tag("t0").unwrap();
+            s
+        },
+        |s, _| s.save().map(|_| ()),
+    );
+}
+
+#[test]
+fn power_loss_during_gc_keeps_the_saved_repository() {
+    crash_everywhere(
+        "gc",
+        |sim| {
+            let mut s = saved_store(sim);
+            for i in 0..4 {
+                s.update::<f32>("w", |_, xs| xs.iter_mut().for_each(|x| *x += i as f32))
+                    .unwrap();
+                s.commit(&format!("dense {i}")).unwrap();
+            }
+            s.save().unwrap();
+            s.delete_tag("t0").unwrap();
+            s.prune(&Retention::keep_last(1)).unwrap();
+            s.save().unwrap();
+            s
+        },
+        |s, _| s.gc_with(&GcOptions::immediate()).map(|_| ()),
+    );
+}
+
+#[test]
+fn a_backend_error_at_any_point_of_a_save_loses_nothing_and_the_next_save_succeeds() {
+    for kind in [ErrorKind::StorageFull, ErrorKind::PermissionDenied] {
+        let sim = Arc::new(SimBackend::new());
+        let mut probe = saved_store(&sim);
+        probe.update::<f32>("w", |_, xs| xs[7] = 7.0).unwrap();
+        probe.commit("probe").unwrap();
+        let start = sim.ops();
+        probe.save().unwrap();
+        let total = sim.ops() - start;
+        for n in 0..total {
+            let sim = Arc::new(SimBackend::new());
+            let mut s = saved_store(&sim);
+            s.update::<f32>("w", |_, xs| xs[7] = 7.0).unwrap();
+            s.commit("probe").unwrap();
+            let before = fingerprint(&s);
+            sim.fail_at(sim.ops() + n, kind);
+            let r = s.save();
+            assert!(
+                matches!(r, Err(Error::Io { kind: k, .. }) if k == kind),
+                "op {n}: {r:?}"
+            );
+            assert_eq!(fingerprint(&s), before, "op {n}: memory changed");
+            s.verify().unwrap();
+            s.save().unwrap();
+            let r = Store::open_backend(sim.clone(), config()).unwrap();
+            r.verify().unwrap();
+            assert_eq!(
+                fingerprint(&r),
+                before,
+                "op {n}: the retried save is incomplete"
+            );
+        }
+    }
+}

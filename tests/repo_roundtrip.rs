@@ -1,0 +1,365 @@
+//! Saving to a repository and opening it again: contents, history, refs and ids come
+//! back as saved; saves write only what the repository lacks.
+
+mod common;
+
+use std::sync::Arc;
+
+use half::{bf16, f16};
+use ndarray::{Array, ArrayD, IxDyn};
+use tensor_history::{
+    Backend, Config, Element, Error, MemoryBackend, Ref, Retention, Store, VersionId,
+};
+
+use common::{ramp, small_store, BOUNDARY_SHAPES, CHUNK_BYTES};
+
+fn small_config() -> Config {
+    Config {
+        chunk_bytes: CHUNK_BYTES,
+        ..Config::default()
+    }
+}
+
+fn arr<T: Element>(shape: &[usize], f: impl Fn(usize) -> T) -> ArrayD<T> {
+    let n: usize = shape.iter().product();
+    Array::from_shape_vec(IxDyn(shape), (0..n).map(f).collect()).unwrap()
+}
+
+fn reopen(store: &Store) -> Store {
+    Store::open_with(store.location().unwrap(), store.config().clone()).unwrap()
+}
+
+#[test]
+fn every_dtype_comes_back_bit_identical() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = small_store();
+    let shape = [5, 7];
+    s.insert("f16", &arr(&shape, |i| f16::from_f32(i as f32 * 0.3)))
+        .unwrap();
+    s.insert("bf16", &arr(&shape, |i| bf16::from_f32(-(i as f32))))
+        .unwrap();
+    s.insert(
+        "f32",
+        &arr(&shape, |i| f32::from_bits(0x3f80_0000 + i as u32)),
+    )
+    .unwrap();
+    s.insert(
+        "f64",
+        &arr(&shape, |i| {
+            f64::NAN.copysign(if i % 2 == 0 { 1.0 } else { -1.0 })
+        }),
+    )
+    .unwrap();
+    s.insert("i8", &arr(&shape, |i| i as i8 - 17)).unwrap();
+    s.insert("i16", &arr(&shape, |i| i as i16 * -301)).unwrap();
+    s.insert("i32", &arr(&shape, |i| i as i32 * 99_999))
+        .unwrap();
+    s.insert("i64", &arr(&shape, |i| i64::MIN + i as i64))
+        .unwrap();
+    s.insert("u8", &arr(&shape, |i| i as u8)).unwrap();
+    s.insert("u16", &arr(&shape, |i| u16::MAX - i as u16))
+        .unwrap();
+    s.insert("u32", &arr(&shape, |i| i as u32 * 7)).unwrap();
+    s.insert("u64", &arr(&shape, |i| u64::MAX - i as u64))
+        .unwrap();
+    s.commit("all dtypes").unwrap();
+    s.save_as(dir.path()).unwrap();
+
+    let r = Store::open(dir.path()).unwrap();
+    r.verify().unwrap();
+    assert_eq!(r.names(), s.names());
+    for name in s.names() {
+        let a = s.tensor(&name).unwrap();
+        let b = r.tensor(&name).unwrap();
+        assert_eq!(a.dtype(), b.dtype(), "{name}");
+        assert_eq!(a.shape(), b.shape(), "{name}");
+        let ab: Vec<u8> = a.chunks().flat_map(|c| c.bytes().to_vec()).collect();
+        let bb: Vec<u8> = b.chunks().flat_map(|c| c.bytes().to_vec()).collect();
+        assert_eq!(ab, bb, "{name}");
+        assert_eq!(a.content_hash(), b.content_hash(), "{name}");
+    }
+    assert_eq!(r.get::<i64>("i64").unwrap(), s.get::<i64>("i64").unwrap());
+}
+
+#[test]
+fn boundary_shapes_round_trip() {
+    let mut s = small_store();
+    for (i, shape) in BOUNDARY_SHAPES.iter().enumerate() {
+        s.insert(&format!("t{i}"), &ramp(shape, i as f32)).unwrap();
+    }
+    s.commit("shapes").unwrap();
+    s.save_to(Arc::new(MemoryBackend::new())).unwrap();
+    let r = reopen_mem(&s);
+    for (i, shape) in BOUNDARY_SHAPES.iter().enumerate() {
+        let name = format!("t{i}");
+        assert_eq!(
+            r.get::<f32>(&name).unwrap(),
+            ramp(shape, i as f32),
+            "{shape:?}"
+        );
+    }
+    r.verify().unwrap();
+}
+
+/// Reopen a store saved to a memory backend through the same backend.
+fn reopen_mem(s: &Store) -> Store {
+    let backend = s.backend().unwrap();
+    Store::open_backend(backend, s.config().clone()).unwrap()
+}
+
+/// A store with branches, a tag, a merge and pruned versions.
+fn rich_history() -> (Store, Vec<VersionId>) {
+    let mut s = small_store();
+    s.insert("w", &ramp(&[8, 8], 0.0)).unwrap();
+    s.insert("b", &ramp(&[3], 1.0)).unwrap();
+    let v0 = s.commit("init").unwrap();
+    s.update::<f32>("w", |_, xs| xs[0] += 1.0).unwrap();
+    let meta = tensor_history::Meta::new()
+        .with("loss", 0.25)
+        .with("step", 1)
+        .with("note", "first step")
+        .with("ok", true);
+    let v1 = s.commit_with("step 1", meta).unwrap();
+    s.update::<f32>("w", |_, xs| xs[1] += 1.0).unwrap();
+    let v2 = s.commit("step 2").unwrap();
+    s.branch("side", v0).unwrap();
+    s.checkout("side").unwrap();
+    s.update::<f32>("b", |_, xs| xs[0] = 9.0).unwrap();
+    let v3 = s.commit("side step").unwrap();
+    s.tag("best", v1).unwrap();
+    s.checkout("main").unwrap();
+    let v4 = s.merge(v3, tensor_history::MergeStrategy::Ours).unwrap();
+    s.update::<f32>("w", |_, xs| xs[2] += 1.0).unwrap();
+    let v5 = s.commit("after merge").unwrap();
+    (s, vec![v0, v1, v2, v3, v4, v5])
+}
+
+#[test]
+fn history_refs_messages_and_ids_come_back_as_saved() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut s, ids) = rich_history();
+    s.save_as(dir.path()).unwrap();
+    let r = reopen(&s);
+    r.verify().unwrap();
+    assert_eq!(r.versions(), s.versions());
+    assert_eq!(r.refs(), s.refs());
+    assert_eq!(r.head(), s.head());
+    assert_eq!(r.current_branch(), Some("main"));
+    assert_eq!(r.log_graph(), s.log_graph());
+    for id in &ids {
+        assert_eq!(r.message(*id).unwrap(), s.message(*id).unwrap());
+        assert_eq!(r.metadata(*id).unwrap(), s.metadata(*id).unwrap());
+        assert_eq!(r.parents(*id).unwrap(), s.parents(*id).unwrap());
+        assert_eq!(r.children(*id).unwrap(), s.children(*id).unwrap());
+        assert_eq!(
+            r.snapshot(*id).unwrap().time(),
+            s.snapshot(*id).unwrap().time()
+        );
+        assert_eq!(
+            r.snapshot(*id).unwrap().content_hash(),
+            s.snapshot(*id).unwrap().content_hash()
+        );
+        assert_eq!(r.version_hash(*id).unwrap(), s.version_hash(*id).unwrap());
+    }
+    assert_eq!(
+        r.diff(ids[0], ids[5]).unwrap(),
+        s.diff(ids[0], ids[5]).unwrap()
+    );
+    assert_eq!(r.metadata(ids[1]).unwrap().number("loss"), Some(0.25));
+}
+
+#[test]
+fn pruned_versions_stay_pruned_and_ids_keep_their_gaps() {
+    let (mut s, ids) = rich_history();
+    s.save_to(Arc::new(MemoryBackend::new())).unwrap();
+    s.prune(&Retention::keep_last(2)).unwrap();
+    s.save().unwrap();
+    let r = reopen_mem(&s);
+    r.verify().unwrap();
+    assert_eq!(r.versions(), s.versions());
+    assert_eq!(r.log_graph(), s.log_graph());
+    for id in &ids {
+        match s.parents(*id) {
+            Ok(p) => assert_eq!(r.parents(*id).unwrap(), p),
+            Err(e) => assert_eq!(r.parents(*id).unwrap_err(), e),
+        }
+    }
+}
+
+#[test]
+fn detached_head_comes_back_detached() {
+    let (mut s, ids) = rich_history();
+    s.restore(ids[2]).unwrap();
+    s.detach();
+    s.save_to(Arc::new(MemoryBackend::new())).unwrap();
+    let r = reopen_mem(&s);
+    assert_eq!(r.head(), Some(ids[2]));
+    assert_eq!(r.current_branch(), None);
+    assert_eq!(r.get::<f32>("w").unwrap(), s.get::<f32>("w").unwrap());
+}
+
+#[test]
+fn a_second_save_with_nothing_new_writes_no_chunk() {
+    let (mut s, _) = rich_history();
+    let first = s.save_to(Arc::new(MemoryBackend::new())).unwrap();
+    assert!(first.chunks_written > 0);
+    assert_eq!(first.versions_written, 6);
+    let second = s.save().unwrap();
+    assert_eq!(second.chunks_written, 0);
+    assert_eq!(second.versions_written, 0);
+    assert_eq!(second.refs_written, 0);
+    assert_eq!(second.bytes_written, 0);
+}
+
+#[test]
+fn an_incremental_save_writes_only_the_changed_chunks() {
+    let mut s = small_store();
+    s.insert("w", &ramp(&[64, 16], 0.0)).unwrap(); // 64 chunks of one row
+    s.commit("init").unwrap();
+    let first = s.save_to(Arc::new(MemoryBackend::new())).unwrap();
+    assert_eq!(first.chunks_written, 64);
+    s.update_range::<f32>("w", 16 * 10..16 * 13, |_, xs| {
+        xs.iter_mut().for_each(|x| *x += 1.0)
+    })
+    .unwrap();
+    s.commit("three rows").unwrap();
+    let second = s.save().unwrap();
+    assert_eq!(second.chunks_written, 3);
+    assert_eq!(second.chunks_present, 61);
+    assert_eq!(second.versions_written, 1);
+    assert_eq!(second.manifests_written, 1);
+    let r = reopen_mem(&s);
+    assert_eq!(r.get::<f32>("w").unwrap(), s.get::<f32>("w").unwrap());
+}
+
+#[test]
+fn uncommitted_changes_are_not_saved() {
+    let mut s = small_store();
+    s.insert("w", &ramp(&[4], 0.0)).unwrap();
+    s.commit("init").unwrap();
+    s.write("w", &ramp(&[4], 5.0)).unwrap();
+    s.save_to(Arc::new(MemoryBackend::new())).unwrap();
+    let r = reopen_mem(&s);
+    assert_eq!(r.get::<f32>("w").unwrap(), ramp(&[4], 0.0));
+    assert_eq!(s.get::<f32>("w").unwrap(), ramp(&[4], 5.0));
+}
+
+#[test]
+fn resolve_accepts_a_hex_prefix_of_the_content_address() {
+    let (mut s, ids) = rich_history();
+    s.save_to(Arc::new(MemoryBackend::new())).unwrap();
+    let r = reopen_mem(&s);
+    for id in &ids {
+        let hex = s.version_hash(*id).unwrap().to_string();
+        assert_eq!(r.resolve(&hex[..12]).unwrap(), *id);
+        assert_eq!(r.resolve(&hex).unwrap(), *id);
+        assert_eq!(r.resolve(&hex.to_uppercase()[..10]).unwrap(), *id);
+    }
+    assert!(matches!(r.resolve("zzzz"), Err(Error::UnknownRef { .. })));
+}
+
+#[test]
+fn version_hash_of_an_unsaved_version_matches_the_saved_one() {
+    let (mut s, ids) = rich_history();
+    let before: Vec<_> = ids.iter().map(|i| s.version_hash(*i).unwrap()).collect();
+    s.save_to(Arc::new(MemoryBackend::new())).unwrap();
+    let after: Vec<_> = ids.iter().map(|i| s.version_hash(*i).unwrap()).collect();
+    assert_eq!(before, after);
+}
+
+#[test]
+fn open_creates_an_empty_repository_and_a_first_commit_saves() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("new-repo");
+    let mut s = Store::open(&path).unwrap();
+    assert_eq!(s.head(), None);
+    assert_eq!(s.location(), Some(path.to_str().unwrap()));
+    s.insert("x", &ramp(&[10], 0.0)).unwrap();
+    let v0 = s.commit("first").unwrap();
+    s.save().unwrap();
+    let r = Store::open(&path).unwrap();
+    assert_eq!(r.head(), Some(v0));
+    assert_eq!(r.resolve("main").unwrap(), v0);
+}
+
+#[test]
+fn save_without_a_repository_is_an_error() {
+    let mut s = Store::new();
+    assert!(matches!(s.save(), Err(Error::InvalidArgument { .. })));
+}
+
+#[test]
+fn an_unknown_format_version_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = Store::open(dir.path()).unwrap();
+    s.insert("x", &ramp(&[10], 0.0)).unwrap();
+    s.commit("c").unwrap();
+    s.save().unwrap();
+    std::fs::write(
+        dir.path().join("config.json"),
+        br#"{"format":"tensor-history","version":2}"#,
+    )
+    .unwrap();
+    assert!(matches!(
+        Store::open(dir.path()),
+        Err(Error::UnsupportedFormat { .. })
+    ));
+}
+
+#[test]
+fn an_object_of_a_newer_format_version_is_refused() {
+    let mem = MemoryBackend::new();
+    let mut s = small_store();
+    s.insert("x", &ramp(&[10], 0.0)).unwrap();
+    s.commit("c").unwrap();
+    s.save_to(Arc::new(mem.clone())).unwrap();
+    let key = mem
+        .list("versions/")
+        .unwrap()
+        .into_iter()
+        .next()
+        .unwrap()
+        .key;
+    let mut bytes = mem.get(&key).unwrap().to_vec();
+    bytes[8] = 9;
+    mem.put(&key, &bytes).unwrap();
+    let e = Store::open_backend(Arc::new(mem), small_config()).unwrap_err();
+    assert!(
+        matches!(e, Error::UnsupportedFormat { ref path, .. } if path == &key),
+        "{e:?}"
+    );
+}
+
+#[test]
+fn a_non_empty_directory_that_is_not_a_repository_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("notes.txt"), b"hello").unwrap();
+    assert!(matches!(
+        Store::open(dir.path()),
+        Err(Error::UnsupportedFormat { .. })
+    ));
+    assert!(!dir.path().join("config.json").exists());
+}
+
+#[test]
+fn save_as_an_unsupported_url_is_a_clear_error_and_keeps_the_store() {
+    let mut s = small_store();
+    s.insert("x", &ramp(&[10], 0.0)).unwrap();
+    s.commit("c").unwrap();
+    let e = s.save_as("s3://bucket/prefix").unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument { .. }), "{e:?}");
+    assert_eq!(s.location(), None);
+}
+
+#[test]
+fn deleted_refs_stay_deleted_after_reopen() {
+    let (mut s, _) = rich_history();
+    s.save_to(Arc::new(MemoryBackend::new())).unwrap();
+    s.delete_tag("best").unwrap();
+    s.delete_branch("side").unwrap();
+    s.save().unwrap();
+    let r = reopen_mem(&s);
+    assert_eq!(r.refs(), s.refs());
+    assert!(!r.refs().iter().any(|(n, _)| n == "best" || n == "side"));
+    assert!(matches!(r.refs()[0].1, Ref::Branch(_)));
+}
