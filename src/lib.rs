@@ -128,11 +128,11 @@ pub use meta::{Meta, Value};
 pub use repo::backend::{
     is_not_found, Backend, Bytes, LocalDir, MemoryBackend, ObjectInfo, PutOutcome, SimBackend,
 };
+#[cfg(feature = "s3")]
+pub use repo::backend::{ObjectStoreBackend, ObjectStoreOptions, RequestStats, MIN_PART_SIZE};
 pub use repo::{
     open_location, parse_object, GcOptions, GcStats, RefreshStats, SaveStats, DEFAULT_GC_GRACE,
 };
-#[cfg(feature = "s3")]
-pub use repo::backend::{ObjectStoreBackend, ObjectStoreOptions, RequestStats, MIN_PART_SIZE};
 pub use retention::{Goal, KeepBest, PruneStats, Retention};
 pub use snapshot::Snapshot;
 pub use stats::Stats;
