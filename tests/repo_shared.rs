@@ -1,0 +1,173 @@
+//! Several stores on one repository: saves of different branches both land, a save of a
+//! branch another store moved is a conflict that loses nothing, refresh takes in what
+//! others saved.
+
+mod common;
+
+use tensor_history::{Config, Error, MergeStrategy, Store};
+
+use common::{ramp, CHUNK_BYTES};
+
+fn config() -> Config {
+    Config {
+        chunk_bytes: CHUNK_BYTES,
+        ..Config::default()
+    }
+}
+
+/// A repository with one saved version on `main`, and its directory.
+fn shared_repo() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = Store::open_with(dir.path(), config()).unwrap();
+    s.insert("w", &ramp(&[16, 16], 0.0)).unwrap();
+    s.commit("init").unwrap();
+    s.save().unwrap();
+    dir
+}
+
+fn open(dir: &tempfile::TempDir) -> Store {
+    Store::open_with(dir.path(), config()).unwrap()
+}
+
+fn bump(s: &mut Store, row: usize) {
+    s.update_range::<f32>("w", row * 16..row * 16 + 1, |_, xs| xs[0] += 1.0)
+        .unwrap();
+}
+
+#[test]
+fn saves_of_different_branches_both_land() {
+    let dir = shared_repo();
+    let mut a = open(&dir);
+    let mut b = open(&dir);
+    let base = a.head().unwrap();
+    a.branch("a", base).unwrap();
+    a.checkout("a").unwrap();
+    bump(&mut a, 1);
+    let va = a.commit("on a").unwrap();
+    b.branch("b", base).unwrap();
+    b.checkout("b").unwrap();
+    bump(&mut b, 2);
+    b.commit("on b").unwrap();
+    a.save().unwrap();
+    b.save().unwrap();
+
+    let r = open(&dir);
+    r.verify().unwrap();
+    let names: Vec<String> = r.refs().into_iter().map(|(n, _)| n).collect();
+    assert_eq!(names, ["a", "b", "main"]);
+    assert_eq!(
+        r.snapshot(r.resolve("a").unwrap()).unwrap().content_hash(),
+        a.snapshot(va).unwrap().content_hash()
+    );
+    assert_eq!(r.message(r.resolve("b").unwrap()).unwrap(), "on b");
+}
+
+#[test]
+fn a_save_of_a_branch_moved_by_another_store_is_a_conflict_that_loses_nothing() {
+    let dir = shared_repo();
+    let mut a = open(&dir);
+    let mut b = open(&dir);
+    bump(&mut a, 1);
+    a.commit("a's step").unwrap();
+    a.save().unwrap();
+
+    bump(&mut b, 2);
+    let vb = b.commit("b's step").unwrap();
+    let before = b.get::<f32>("w").unwrap();
+    let e = b.save().unwrap_err();
+    assert!(
+        matches!(&e, Error::Conflict { branch } if branch == "main"),
+        "{e:?}"
+    );
+    // Nothing lost in memory, nothing written for main.
+    assert_eq!(b.head(), Some(vb));
+    assert_eq!(b.get::<f32>("w").unwrap(), before);
+    b.verify().unwrap();
+    let r = open(&dir);
+    assert_eq!(r.message(r.head().unwrap()).unwrap(), "a's step");
+
+    // Refresh, merge the other store's work, save: a fast-forward over theirs.
+    let stats = b.refresh().unwrap();
+    assert_eq!(stats.diverged, ["main"]);
+    assert_eq!(stats.versions_loaded, 1);
+    let theirs = b
+        .tips()
+        .into_iter()
+        .find(|v| b.message(*v).unwrap() == "a's step")
+        .unwrap();
+    b.merge(theirs, MergeStrategy::Ours).unwrap();
+    b.save().unwrap();
+    let r = open(&dir);
+    r.verify().unwrap();
+    let head = r.head().unwrap();
+    assert_eq!(r.parents(head).unwrap().len(), 2);
+    let w = r.get::<f32>("w").unwrap();
+    assert_eq!(w[[1, 0]], 1.0 + ramp(&[16, 16], 0.0)[[1, 0]]);
+    assert_eq!(w[[2, 0]], 1.0 + ramp(&[16, 16], 0.0)[[2, 0]]);
+}
+
+#[test]
+fn refresh_takes_in_versions_and_refs_saved_by_another_store() {
+    let dir = shared_repo();
+    let mut a = open(&dir);
+    let mut b = open(&dir);
+    bump(&mut a, 3);
+    let va = a.commit("a's step").unwrap();
+    a.tag("good", va).unwrap();
+    a.save().unwrap();
+
+    let stats = b.refresh().unwrap();
+    assert_eq!(stats.versions_loaded, 1);
+    assert_eq!(stats.refs_updated, ["good", "main"]);
+    assert!(stats.diverged.is_empty());
+    let head = b.head().unwrap();
+    assert_eq!(b.message(head).unwrap(), "a's step");
+    assert_eq!(b.resolve("good").unwrap(), head);
+    assert_eq!(b.get::<f32>("w").unwrap(), a.get::<f32>("w").unwrap());
+    assert_eq!(b.version_hash(head).unwrap(), a.version_hash(va).unwrap());
+    b.verify().unwrap();
+    // A second refresh finds nothing new.
+    let again = b.refresh().unwrap();
+    assert_eq!(again.versions_loaded, 0);
+    assert!(again.refs_updated.is_empty());
+    // And b can build on it and save without conflict.
+    bump(&mut b, 4);
+    b.commit("b after refresh").unwrap();
+    b.save().unwrap();
+}
+
+#[test]
+fn refresh_keeps_uncommitted_changes_and_reports_the_checked_out_branch() {
+    let dir = shared_repo();
+    let mut a = open(&dir);
+    let mut b = open(&dir);
+    bump(&mut a, 3);
+    a.commit("a's step").unwrap();
+    a.save().unwrap();
+    bump(&mut b, 5);
+    let dirty = b.get::<f32>("w").unwrap();
+    let stats = b.refresh().unwrap();
+    assert_eq!(stats.diverged, ["main"]);
+    assert_eq!(b.get::<f32>("w").unwrap(), dirty);
+}
+
+#[test]
+fn ref_log_entries_are_create_if_absent_files() {
+    let dir = shared_repo();
+    let log = dir.path().join("refs").join("main");
+    let entries: Vec<_> = std::fs::read_dir(&log).unwrap().collect();
+    assert_eq!(entries.len(), 1);
+    let mut s = open(&dir);
+    bump(&mut s, 1);
+    s.commit("two").unwrap();
+    s.save().unwrap();
+    let mut names: Vec<String> = std::fs::read_dir(&log)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(
+        names,
+        ["00000000000000000000.json", "00000000000000000001.json"]
+    );
+}
