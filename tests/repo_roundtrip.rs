@@ -363,3 +363,59 @@ fn deleted_refs_stay_deleted_after_reopen() {
     assert!(!r.refs().iter().any(|(n, _)| n == "best" || n == "side"));
     assert!(matches!(r.refs()[0].1, Ref::Branch(_)));
 }
+
+#[test]
+fn after_save_the_heap_holds_about_the_working_state_and_old_versions_still_read() {
+    let mut s = small_store();
+    s.insert("w", &ramp(&[64, 16], 0.0)).unwrap();
+    let v0 = s.commit("v0").unwrap();
+    for i in 1..8 {
+        s.update_map::<f32>("w", |x| x + i as f32).unwrap();
+        s.commit(&format!("dense {i}")).unwrap();
+    }
+    let model = 64 * 16 * 4;
+    let before = s.stats();
+    assert_eq!(before.heap_bytes, 8 * model);
+    s.save_to(Arc::new(MemoryBackend::new())).unwrap();
+    let after = s.stats();
+    assert_eq!(after.heap_bytes, model, "{after:?}");
+    assert_eq!(after.stored_bytes, 7 * model);
+    // Restore, read, diff, write and verify work on stored chunks.
+    let diff = s.diff(v0, s.head().unwrap()).unwrap();
+    assert_eq!(diff.changed_chunks(), 64);
+    s.restore(v0).unwrap();
+    assert_eq!(s.get::<f32>("w").unwrap(), ramp(&[64, 16], 0.0));
+    s.update_range::<f32>("w", 0..1, |_, xs| xs[0] = -5.0)
+        .unwrap();
+    assert_eq!(s.get::<f32>("w").unwrap()[[0, 0]], -5.0);
+    s.verify().unwrap();
+}
+
+#[test]
+fn gc_after_prune_and_save_shrinks_the_repository() {
+    let mem = MemoryBackend::new();
+    let size = |m: &MemoryBackend| -> u64 { m.list("").unwrap().iter().map(|o| o.size).sum() };
+    let mut s = small_store();
+    s.insert("w", &ramp(&[64, 16], 0.0)).unwrap();
+    s.commit("v0").unwrap();
+    for i in 1..6 {
+        s.update_map::<f32>("w", |x| x + i as f32).unwrap();
+        s.commit(&format!("dense {i}")).unwrap();
+    }
+    s.save_to(Arc::new(mem.clone())).unwrap();
+    let full = size(&mem);
+    s.prune(&Retention::keep_last(1)).unwrap();
+    s.save().unwrap();
+    // With the default grace nothing is deleted yet, only recorded.
+    let first = s.gc().unwrap();
+    assert_eq!(first.objects_deleted, 0);
+    assert!(first.candidates_recorded > 0);
+    let stats = s.gc_with(&tensor_history::GcOptions::immediate()).unwrap();
+    assert!(stats.objects_deleted > 0);
+    let small = size(&mem);
+    assert!(small * 3 < full, "{small} vs {full}");
+    let r = reopen_mem(&s);
+    r.verify().unwrap();
+    assert_eq!(r.get::<f32>("w").unwrap(), s.get::<f32>("w").unwrap());
+    assert_eq!(r.versions(), s.versions());
+}
