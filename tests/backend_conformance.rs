@@ -1,13 +1,11 @@
 //! One suite of behaviours every storage backend keeps (the contract in
-//! `tensor_history::Backend`'s docs), run on each backend this build has: an object store
-//! in memory behind `ObjectStoreBackend` (feature `s3`), and a real S3 server when one is
-//! configured.
+//! `tensor_history::Backend`'s docs), run on each backend this build has: memory, a local
+//! directory, and with feature `s3` an object store in memory behind
+//! `ObjectStoreBackend` and a real S3 server when one is configured.
 //!
 //! S3 runs need `TH_S3_BUCKET` and the `AWS_*` variables (`.ci/s3-server.sh` sets them).
 //! With `TH_S3_REQUIRED=1` (set by `.ci/run`) a missing server fails the tests instead of
 //! skipping the S3 cases.
-
-#![cfg(feature = "s3")]
 
 use std::collections::BTreeSet;
 use std::io::ErrorKind;
@@ -34,7 +32,7 @@ fn data(len: usize, seed: u8) -> Vec<u8> {
 
 /// Run `check` on every backend of this build, naming the backend on failure.
 fn on_every_backend(check: impl Fn(&dyn Backend)) {
-    let backends = common::backends();
+    let (backends, _dir) = common::backends();
     assert!(!backends.is_empty(), "no backend to test");
     for (name, b) in backends {
         eprintln!("backend: {name} at {}", b.location());
@@ -261,6 +259,22 @@ fn a_shared_backend_serves_many_threads() {
 fn backends_are_shareable_handles() {
     fn assert_send_sync<T: Send + Sync + ?Sized>() {}
     assert_send_sync::<dyn Backend>();
-    let all: Vec<Arc<dyn Backend>> = common::backends().into_iter().map(|(_, b)| b).collect();
+    let (backends, _dir) = common::backends();
+    let all: Vec<Arc<dyn Backend>> = backends.into_iter().map(|(_, b)| b).collect();
     assert!(!all.is_empty());
+}
+
+#[test]
+fn put_parts_stores_the_concatenation() {
+    on_every_backend(|b| {
+        let (x, y) = (data(5 << 20, 1), data((4 << 20) + 3, 2));
+        for (i, parts) in [vec![], vec![&b"ab"[..], b"", b"cd"], vec![&x[..], &y[..]]]
+            .into_iter()
+            .enumerate()
+        {
+            let key = format!("parts/{i}");
+            b.put_parts(&key, &parts).unwrap();
+            assert!(*b.get(&key).unwrap() == parts.concat()[..], "case {i}");
+        }
+    });
 }

@@ -42,6 +42,10 @@ pub use save::SaveStats;
 /// [`Error::Io`] if the directory cannot be created; [`Error::InvalidArgument`] for a URL
 /// scheme this build does not support.
 pub fn open_location(location: &str) -> Result<Arc<dyn Backend>> {
+    #[cfg(feature = "s3")]
+    if location.starts_with("s3://") {
+        return Ok(Arc::new(backend::ObjectStoreBackend::open(location)?));
+    }
     if let Some((scheme, _)) = location.split_once("://") {
         if scheme.len() >= 2 && scheme.bytes().all(|b| b.is_ascii_alphanumeric()) {
             return Err(Error::InvalidArgument {

@@ -44,9 +44,16 @@ pub fn s3_location(what: &str) -> Option<String> {
     }
 }
 
-/// Every backend of this build, each empty, named.
-pub fn backends() -> Vec<(&'static str, Arc<dyn Backend>)> {
+/// Every backend of this build, each empty, named; and the temporary directory to keep
+/// while they are used.
+pub fn backends() -> (Vec<(&'static str, Arc<dyn Backend>)>, tempfile::TempDir) {
     let mut out: Vec<(&'static str, Arc<dyn Backend>)> = Vec::new();
+    out.push(("memory", Arc::new(tensor_history::MemoryBackend::new())));
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    out.push((
+        "local directory",
+        Arc::new(tensor_history::LocalDir::new(dir.path().join("repo")).expect("LocalDir")),
+    ));
     #[cfg(feature = "s3")]
     {
         use tensor_history::{ObjectStoreBackend, ObjectStoreOptions};
@@ -65,5 +72,5 @@ pub fn backends() -> Vec<(&'static str, Arc<dyn Backend>)> {
             ));
         }
     }
-    out
+    (out, dir)
 }

@@ -649,6 +649,10 @@ impl Backend for ObjectStoreBackend {
         self.put_pieces(key, &[data])
     }
 
+    fn put_parts(&self, key: &str, parts: &[&[u8]]) -> Result<()> {
+        self.put_pieces(key, parts)
+    }
+
     fn put_if_absent(&self, key: &str, data: &[u8]) -> Result<PutOutcome> {
         let path = self.path(key)?;
         let url = self.url(key);
