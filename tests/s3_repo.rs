@@ -1,0 +1,290 @@
+//! The repository protocol on a real S3 server, with many processes at once: branches
+//! saved in parallel, races to advance one branch, a worker killed mid-upload, and the
+//! server going away during a save. Worker processes are this test binary run again with
+//! `TH_S3_CHILD` set (see `child_entry`). Needs an S3 server (`TH_S3_BUCKET`, `AWS_*`).
+
+#![cfg(feature = "s3")]
+
+use std::process::{Child, Command, ExitStatus};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ndarray::{Array, ArrayD, IxDyn};
+use tensor_history::{
+    Backend, Config, Error, GcOptions, ObjectStoreBackend, ObjectStoreOptions, Store,
+};
+
+mod s3_common;
+use s3_common::proxy::Proxy;
+
+/// Exit codes of a worker.
+const SAVED: i32 = 0;
+const CONFLICT: i32 = 3;
+
+const N: usize = 64 * 1024; // f32 elements of the shared tensor: 256 KiB.
+
+fn values(seed: u64, n: usize) -> ArrayD<f32> {
+    Array::from_shape_vec(
+        IxDyn(&[n]),
+        (0..n)
+            .map(|i| ((i as u64).wrapping_mul(2_654_435_761) ^ seed.wrapping_mul(97)) as f32)
+            .collect(),
+    )
+    .unwrap()
+}
+
+/// Read every tensor of every branch tip of a freshly opened store (each chunk is fetched
+/// and checked against its hash), and `verify` it.
+fn open_and_read_everything(url: &str) -> Store {
+    let mut s = Store::open(url).unwrap();
+    s.verify().unwrap();
+    let branches: Vec<String> = s
+        .refs()
+        .into_iter()
+        .map(|(name, _)| name)
+        .filter(|n| !n.starts_with("tags/"))
+        .collect();
+    for b in &branches {
+        if s.checkout(b).is_err() {
+            continue;
+        }
+        for name in s.names() {
+            s.get::<f32>(&name).unwrap();
+        }
+    }
+    s
+}
+
+fn spawn_child(role: &str, url: &str, arg: &str, extra_env: &[(&str, String)]) -> Child {
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args(["--exact", "child_entry", "--nocapture", "--test-threads=1", "-q"])
+        .stdout(std::process::Stdio::null())
+        .env("TH_S3_CHILD", role)
+        .env("TH_S3_CHILD_URL", url)
+        .env("TH_S3_CHILD_ARG", arg);
+    for (k, v) in extra_env {
+        cmd.env(k, v);
+    }
+    cmd.spawn().expect("start a worker process")
+}
+
+fn wait_bounded(mut c: Child, limit: Duration) -> ExitStatus {
+    let start = Instant::now();
+    loop {
+        if let Some(status) = c.try_wait().unwrap() {
+            return status;
+        }
+        if start.elapsed() > limit {
+            let _ = c.kill();
+            panic!("a worker ran longer than {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Wait (bounded) until the file `go` exists, so racing workers start together.
+fn wait_for_go(go: &str) {
+    let start = Instant::now();
+    while !std::path::Path::new(go).exists() {
+        assert!(start.elapsed() < Duration::from_secs(60), "no go signal");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// A worker process. Does nothing in a normal test run.
+#[test]
+fn child_entry() {
+    let Ok(role) = std::env::var("TH_S3_CHILD") else {
+        return;
+    };
+    let url = std::env::var("TH_S3_CHILD_URL").unwrap();
+    let arg = std::env::var("TH_S3_CHILD_ARG").unwrap();
+    let code = match role.as_str() {
+        // Save a new branch `arg` off main with its own values.
+        "branch" => {
+            let mut s = Store::open(&url).unwrap();
+            let seed: u64 = arg.trim_start_matches('b').parse().unwrap();
+            let main = s.resolve("main").unwrap();
+            s.branch(&arg, main).unwrap();
+            s.checkout(&arg).unwrap();
+            s.write("w", &values(1000 + seed, N)).unwrap();
+            s.commit(&format!("worker {arg}")).unwrap();
+            s.save().map(|_| SAVED).unwrap()
+        }
+        // Advance main with values `arg` = "<round>:<worker>:<go file>".
+        "race" => {
+            let mut parts = arg.splitn(3, ':');
+            let round: u64 = parts.next().unwrap().parse().unwrap();
+            let worker: u64 = parts.next().unwrap().parse().unwrap();
+            let go = parts.next().unwrap();
+            let mut s = Store::open(&url).unwrap();
+            s.write("w", &values(round * 100 + worker, N)).unwrap();
+            s.commit(&format!("round {round} worker {worker}")).unwrap();
+            wait_for_go(go);
+            match s.save() {
+                Ok(_) => SAVED,
+                Err(Error::Conflict { .. }) => CONFLICT,
+                Err(e) => panic!("race save: {e}"),
+            }
+        }
+        // Save a large new branch (killed by the parent part-way).
+        "big" => {
+            let mut s = Store::open(&url).unwrap();
+            let n: usize = arg.parse().unwrap();
+            let main = s.resolve("main").unwrap();
+            s.branch("big", main).unwrap();
+            s.checkout("big").unwrap();
+            s.insert("big", &values(7, n)).unwrap();
+            s.commit("big").unwrap();
+            s.save().map(|_| SAVED).unwrap()
+        }
+        other => panic!("unknown worker role {other}"),
+    };
+    std::process::exit(code);
+}
+
+/// A repository with one commit on main holding `w`.
+fn seeded(what: &str) -> Option<String> {
+    let url = s3_common::s3_location(what)?;
+    let mut s = Store::new();
+    s.insert("w", &values(0, N)).unwrap();
+    s.commit("base").unwrap();
+    s.save_as(&url).unwrap();
+    Some(url)
+}
+
+#[test]
+fn sixteen_processes_save_sixteen_branches_at_once() {
+    let Some(url) = seeded("sixteen") else {
+        return;
+    };
+    let children: Vec<Child> = (0..16)
+        .map(|i| spawn_child("branch", &url, &format!("b{i}"), &[]))
+        .collect();
+    for (i, c) in children.into_iter().enumerate() {
+        let status = wait_bounded(c, Duration::from_secs(300));
+        assert_eq!(status.code(), Some(SAVED), "worker b{i}");
+    }
+    let mut s = open_and_read_everything(&url);
+    for i in 0..16u64 {
+        let name = format!("b{i}");
+        s.checkout(&name).unwrap();
+        assert_eq!(s.get::<f32>("w").unwrap(), values(1000 + i, N), "{name}");
+        let tip = s.resolve(&name).unwrap();
+        assert_eq!(s.parent(tip).unwrap(), Some(s.resolve("main").unwrap()));
+    }
+}
+
+#[test]
+fn eight_processes_racing_on_one_branch_have_one_winner_per_round() {
+    let Some(url) = seeded("race") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let mut prev_tip = Store::open(&url).unwrap().resolve("main").unwrap();
+    for round in 1..=3u64 {
+        let go = dir.path().join(format!("go{round}"));
+        let go = go.to_str().unwrap().to_owned();
+        let children: Vec<Child> = (0..8)
+            .map(|w| spawn_child("race", &url, &format!("{round}:{w}:{go}"), &[]))
+            .collect();
+        // Let every worker open and commit, then start the saves together.
+        std::thread::sleep(Duration::from_millis(1500));
+        std::fs::write(&go, b"go").unwrap();
+        let codes: Vec<Option<i32>> = children
+            .into_iter()
+            .map(|c| wait_bounded(c, Duration::from_secs(300)).code())
+            .collect();
+        let winners: Vec<usize> = (0..8).filter(|w| codes[*w] == Some(SAVED)).collect();
+        let conflicts = codes.iter().filter(|c| **c == Some(CONFLICT)).count();
+        eprintln!("round {round}: winner {winners:?}, {conflicts} conflicts");
+        assert_eq!(winners.len(), 1, "round {round}: exit codes {codes:?}");
+        assert_eq!(conflicts, 7, "round {round}: exit codes {codes:?}");
+        let s = open_and_read_everything(&url);
+        let tip = s.resolve("main").unwrap();
+        assert_eq!(s.parent(tip).unwrap(), Some(prev_tip), "round {round}");
+        assert_eq!(
+            s.get::<f32>("w").unwrap(),
+            values(round * 100 + winners[0] as u64, N),
+            "round {round}: main holds the winner's data"
+        );
+        prev_tip = tip;
+    }
+}
+
+#[test]
+fn a_worker_killed_mid_upload_leaves_a_repository_that_opens_and_is_collected() {
+    let Some(url) = seeded("killed") else {
+        return;
+    };
+    let proxy = Proxy::for_env_endpoint();
+    // 64 MiB of new data: two 32 MiB packs, each a multipart upload. The kill comes once
+    // the first pack is complete and the second is part-way.
+    let child = spawn_child(
+        "big",
+        &url,
+        &(16 << 20).to_string(),
+        &[("AWS_ENDPOINT_URL", proxy.endpoint())],
+    );
+    let start = Instant::now();
+    while proxy.bytes_up() < 44 << 20 {
+        assert!(start.elapsed() < Duration::from_secs(120), "upload never started");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let mut child = child;
+    child.kill().unwrap(); // SIGKILL
+    let status = child.wait().unwrap();
+    assert_ne!(status.code(), Some(SAVED), "the worker finished before the kill");
+
+    let backend = ObjectStoreBackend::open(&url).unwrap();
+    let leftovers: u64 = backend.list("packs/").unwrap().iter().map(|o| o.size).sum();
+    let mut s = open_and_read_everything(&url);
+    assert!(s.resolve("big").is_err(), "the killed save's ref is absent");
+    assert_eq!(s.get::<f32>("w").unwrap(), values(0, N));
+
+    let stats = s.gc_with(&GcOptions::immediate()).unwrap();
+    let after: u64 = backend.list("packs/").unwrap().iter().map(|o| o.size).sum();
+    eprintln!("killed upload: {leftovers} pack bytes before gc, {after} after, {stats:?}");
+    assert!(
+        after < leftovers,
+        "gc collected the orphaned packs ({leftovers} -> {after} bytes)"
+    );
+    assert!(after < 1 << 20, "only main's 256 KiB pack is left: {after}");
+    open_and_read_everything(&url);
+}
+
+#[test]
+fn a_server_stopped_during_a_save_loses_nothing_and_the_save_succeeds_after_restart() {
+    let Some(url) = seeded("stopped-save") else {
+        return;
+    };
+    let mut proxy = Proxy::for_env_endpoint();
+    let mut opts = ObjectStoreOptions::default();
+    opts.max_retries = 2;
+    opts.initial_backoff = Duration::from_millis(50);
+    opts.max_backoff = Duration::from_millis(200);
+    opts.retry_timeout = Duration::from_secs(5);
+    opts.endpoint = Some(proxy.endpoint());
+    let backend: Arc<dyn Backend> = Arc::new(ObjectStoreBackend::open_with(&url, opts).unwrap());
+    let mut s = Store::open_backend(backend, Config::default()).unwrap();
+    let base = s.resolve("main").unwrap();
+    s.insert("big", &values(3, 4 << 20)).unwrap(); // 16 MiB: a multipart pack
+    let v = s.commit("during the outage").unwrap();
+
+    proxy.cut_after(4 << 20);
+    let e = s.save().unwrap_err();
+    assert!(matches!(e, Error::Io { .. }), "{e}");
+    proxy.restart();
+
+    // Nothing lost in memory; the repository still shows the old state.
+    assert_eq!(s.head(), Some(v));
+    assert_eq!(s.get::<f32>("big").unwrap(), values(3, 4 << 20));
+    let other = open_and_read_everything(&url);
+    assert_eq!(other.resolve("main").unwrap(), base);
+
+    s.save().unwrap();
+    let other = open_and_read_everything(&url);
+    let tip = other.resolve("main").unwrap();
+    assert_eq!(other.parent(tip).unwrap(), Some(base));
+    assert_eq!(other.get::<f32>("big").unwrap(), values(3, 4 << 20));
+}
