@@ -57,11 +57,17 @@ fn open_and_read_everything(url: &str) -> Store {
 
 fn spawn_child(role: &str, url: &str, arg: &str, extra_env: &[(&str, String)]) -> Child {
     let mut cmd = Command::new(std::env::current_exe().unwrap());
-    cmd.args(["--exact", "child_entry", "--nocapture", "--test-threads=1", "-q"])
-        .stdout(std::process::Stdio::null())
-        .env("TH_S3_CHILD", role)
-        .env("TH_S3_CHILD_URL", url)
-        .env("TH_S3_CHILD_ARG", arg);
+    cmd.args([
+        "--exact",
+        "child_entry",
+        "--nocapture",
+        "--test-threads=1",
+        "-q",
+    ])
+    .stdout(std::process::Stdio::null())
+    .env("TH_S3_CHILD", role)
+    .env("TH_S3_CHILD_URL", url)
+    .env("TH_S3_CHILD_ARG", arg);
     for (k, v) in extra_env {
         cmd.env(k, v);
     }
@@ -228,13 +234,20 @@ fn a_worker_killed_mid_upload_leaves_a_repository_that_opens_and_is_collected() 
     );
     let start = Instant::now();
     while proxy.bytes_up() < 44 << 20 {
-        assert!(start.elapsed() < Duration::from_secs(120), "upload never started");
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "upload never started"
+        );
         std::thread::sleep(Duration::from_millis(2));
     }
     let mut child = child;
     child.kill().unwrap(); // SIGKILL
     let status = child.wait().unwrap();
-    assert_ne!(status.code(), Some(SAVED), "the worker finished before the kill");
+    assert_ne!(
+        status.code(),
+        Some(SAVED),
+        "the worker finished before the kill"
+    );
 
     let backend = ObjectStoreBackend::open(&url).unwrap();
     let leftovers: u64 = backend.list("packs/").unwrap().iter().map(|o| o.size).sum();
