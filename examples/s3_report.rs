@@ -45,8 +45,13 @@ fn line(what: &str, r: &RequestStats) {
 }
 
 fn main() -> Result<(), Box<dyn Error>> {
-    let flags = common::opts_or_exit(Flags::parse(std::env::args().skip(1), &["repo", "mib"]), USAGE);
-    let repo = flags.string("repo").ok_or("--repo s3://bucket/prefix is required")?;
+    let flags = common::opts_or_exit(
+        Flags::parse(std::env::args().skip(1), &["repo", "mib"]),
+        USAGE,
+    );
+    let repo = flags
+        .string("repo")
+        .ok_or("--repo s3://bucket/prefix is required")?;
     let total_mib: usize = flags.number("mib", 1024)?;
     let tensors = (total_mib / TENSOR_MIB).max(1);
     let n = TENSOR_MIB << 18; // f32 elements per tensor
@@ -121,7 +126,10 @@ fn main() -> Result<(), Box<dyn Error>> {
         },
         sparse.puts,
     );
-    println!("  (saved {} chunks in {} packs)", saved.chunks_written, saved.packs_written);
+    println!(
+        "  (saved {} chunks in {} packs)",
+        saved.chunks_written, saved.packs_written
+    );
     line("  1% save requests", &sparse);
     drop(s);
 

@@ -301,3 +301,44 @@ fn a_server_stopped_during_a_save_loses_nothing_and_the_save_succeeds_after_rest
     assert_eq!(other.parent(tip).unwrap(), Some(base));
     assert_eq!(other.get::<f32>("big").unwrap(), values(3, 4 << 20));
 }
+
+#[test]
+fn gc_on_s3_records_first_and_deletes_only_after_the_grace_period() {
+    let Some(url) = seeded("gc-grace") else {
+        return;
+    };
+    let mut s = Store::open(&url).unwrap();
+    let main = s.resolve("main").unwrap();
+    s.branch("tmp", main).unwrap();
+    s.checkout("tmp").unwrap();
+    s.write("w", &values(99, N)).unwrap();
+    s.commit("throwaway").unwrap();
+    s.save().unwrap();
+    s.checkout("main").unwrap();
+    s.delete_branch("tmp").unwrap();
+    s.save().unwrap();
+    // S3 modification times have one-second resolution; objects of the gc record's own
+    // second count as possibly written after it and wait for a later record.
+    std::thread::sleep(Duration::from_millis(1100));
+
+    let mut opts = GcOptions::default();
+    opts.grace = Duration::from_secs(3);
+    let first = s.gc_with(&opts).unwrap();
+    assert!(first.candidates_recorded > 0, "{first:?}");
+    assert_eq!(
+        first.objects_deleted, 0,
+        "phase 1 deletes nothing: {first:?}"
+    );
+    let again = s.gc_with(&opts).unwrap();
+    assert_eq!(
+        again.objects_deleted, 0,
+        "inside the grace period: {again:?}"
+    );
+
+    std::thread::sleep(Duration::from_millis(3500));
+    let last = s.gc_with(&opts).unwrap();
+    assert!(last.objects_deleted > 0, "after the grace period: {last:?}");
+    let s = open_and_read_everything(&url);
+    assert_eq!(s.get::<f32>("w").unwrap(), values(0, N));
+    assert!(s.resolve("tmp").is_err());
+}

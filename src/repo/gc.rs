@@ -411,11 +411,18 @@ fn gc_into(b: &mut Bound, options: &GcOptions) -> Result<GcStats> {
         if now.saturating_sub(rec.time_ns) < grace {
             continue;
         }
+        // "Not written again since the record" compares the object's modification time
+        // with the record's own, both from the backend's clock (on S3 the server's), so
+        // the gc host's clock is not trusted for it. Strictly older: S3 times have
+        // one-second resolution, and an object of the record's second may be newer.
+        let rec_modified = modified.get(key.as_str()).and_then(|o| o.modified);
+        let unchanged = |o: &ObjectInfo| match (o.modified, rec_modified) {
+            (Some(m), Some(r)) => m < r,
+            _ => ns_of(o.modified) <= rec.time_ns,
+        };
         for k in &rec.keys {
-            let still = candidates.contains(k)
-                && modified
-                    .get(k.as_str())
-                    .is_some_and(|o| ns_of(o.modified) <= rec.time_ns);
+            let still =
+                candidates.contains(k) && modified.get(k.as_str()).is_some_and(|o| unchanged(o));
             if still {
                 doomed.push(k);
             }
