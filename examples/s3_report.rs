@@ -80,7 +80,7 @@ fn main() -> Result<(), Box<dyn Error>> {
     let save_s = t.elapsed().as_secs_f64();
     let first = backend.stats().since(&r0);
     let t = Instant::now();
-    let objects = (tensors * TENSOR_MIB << 20).div_ceil(PACK);
+    let objects = ((tensors * TENSOR_MIB) << 20).div_ceil(PACK);
     for i in 0..objects {
         plain.put(&format!("obj{i}"), &blob)?;
     }

@@ -44,10 +44,13 @@ pub fn s3_location(what: &str) -> Option<String> {
     }
 }
 
+/// Backends by name.
+pub type Named = Vec<(&'static str, Arc<dyn Backend>)>;
+
 /// Every backend of this build, each empty, named; and the temporary directory to keep
 /// while they are used.
-pub fn backends() -> (Vec<(&'static str, Arc<dyn Backend>)>, tempfile::TempDir) {
-    let mut out: Vec<(&'static str, Arc<dyn Backend>)> = Vec::new();
+pub fn backends() -> (Named, tempfile::TempDir) {
+    let mut out: Named = Vec::new();
     out.push(("memory", Arc::new(tensor_history::MemoryBackend::new())));
     let dir = tempfile::tempdir().expect("a temporary directory");
     out.push((
