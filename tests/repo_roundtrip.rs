@@ -346,7 +346,7 @@ fn save_as_an_unsupported_url_is_a_clear_error_and_keeps_the_store() {
     let mut s = small_store();
     s.insert("x", &ramp(&[10], 0.0)).unwrap();
     s.commit("c").unwrap();
-    let e = s.save_as("s3://bucket/prefix").unwrap_err();
+    let e = s.save_as("gs://bucket/prefix").unwrap_err();
     assert!(matches!(e, Error::InvalidArgument { .. }), "{e:?}");
     assert_eq!(s.location(), None);
 }
