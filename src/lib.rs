@@ -84,8 +84,10 @@
 //!
 //! Every fallible call returns [`Error`]; a call that fails changes nothing.
 
-// `unsafe` lives in one module only (`kernels::stream`, streaming stores for fused
-// updates, a measured win), with a `// SAFETY:` comment on every block.
+// `unsafe` lives in `kernels::stream` (streaming stores for fused updates, a measured
+// win) and in the two functions that map files (`repo::backend::local::map_file` for
+// repository packs, `repo::safetensors::map_file` for imported files), with a
+// `// SAFETY:` comment on every block.
 #![deny(unsafe_code)]
 #![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
 

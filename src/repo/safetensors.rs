@@ -71,7 +71,8 @@ impl Store {
     ///
     /// [`Error::UnknownVersion`], [`Error::PrunedVersion`]; [`Error::InvalidArgument`]
     /// for a variable named `__metadata__` (reserved by the format) or a header over
-    /// 100 MB; [`Error::Io`] if the file cannot be written. On error no file is left at
+    /// 100 MB; [`Error::Io`] if the file cannot be written; [`Error::Io`] or
+    /// [`Error::CorruptObject`] if a chunk that lives in the repository cannot be read. On error no file is left at
     /// `path` (an existing one is unchanged) and no temporary file remains.
     pub fn export_safetensors(&self, id: VersionId, path: impl AsRef<Path>) -> Result<()> {
         self.snapshot(id)?.write_safetensors(path)
@@ -151,15 +152,20 @@ impl Snapshot {
     /// # Errors
     ///
     /// [`Error::InvalidArgument`] for a variable named `__metadata__` or a header over
-    /// 100 MB; [`Error::Io`] if the file cannot be written. On error no file is left at
+    /// 100 MB; [`Error::Io`] if the file cannot be written; [`Error::Io`] or
+    /// [`Error::CorruptObject`] if a chunk that lives in a repository cannot be read.
+    /// On error no file is left at
     /// `path` (an existing one is unchanged) and no temporary file remains.
     pub fn write_safetensors(&self, path: impl AsRef<Path>) -> Result<()> {
         let (header, order) = header(self.tensors())?;
-        write_atomically(path.as_ref(), |w| {
-            w.write_all(&header)?;
+        write_atomically(path.as_ref(), |w, io| {
+            w.write_all(&header).map_err(io)?;
             for (_, tensor) in &order {
                 for chunk in tensor.chunks() {
-                    w.write_all(chunk.bytes())?;
+                    // A chunk that lives in a repository is read (and checked) here, so
+                    // a damaged repository gives an error, not a panic in `bytes`.
+                    chunk.load()?;
+                    w.write_all(chunk.bytes()).map_err(io)?;
                 }
             }
             Ok(())
@@ -265,7 +271,7 @@ fn header<'a>(
 /// is removed and `path` is untouched.
 fn write_atomically(
     path: &Path,
-    fill: impl FnOnce(&mut BufWriter<&File>) -> std::io::Result<()>,
+    fill: impl FnOnce(&mut BufWriter<&File>, &dyn Fn(std::io::Error) -> Error) -> Result<()>,
 ) -> Result<()> {
     let dir = match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p,
@@ -280,7 +286,7 @@ fn write_atomically(
         .map_err(err)?;
     {
         let mut w = BufWriter::with_capacity(WRITE_BUFFER_BYTES, tmp.as_file());
-        fill(&mut w).map_err(err)?;
+        fill(&mut w, &err)?;
         w.flush().map_err(err)?;
     }
     tmp.as_file().sync_all().map_err(err)?;
