@@ -1,0 +1,305 @@
+//! Corruption: every file of a small repository, over every file kind, has bytes
+//! flipped, is truncated, or is deleted. Each case gives a typed error naming that file,
+//! or correct data: never a panic, never wrong data, never an allocation sized by an
+//! unchecked length (this binary's allocator refuses any single allocation over 256 MiB,
+//! which aborts the test).
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::collections::BTreeMap;
+use std::panic::AssertUnwindSafe;
+use std::path::{Path, PathBuf};
+
+use ndarray::{Array1, Array2};
+use tensor_history::{Config, Error, GcOptions, Retention, Store, VersionId};
+
+/// The system allocator, refusing single allocations over [`LIMIT`].
+struct Bounded;
+
+const LIMIT: usize = 256 << 20;
+
+// SAFETY: calls are forwarded to `System` unchanged, except that requests over `LIMIT`
+// get a null pointer, which `GlobalAlloc` allows (callers treat it as out of memory).
+unsafe impl GlobalAlloc for Bounded {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        if layout.size() > LIMIT {
+            return std::ptr::null_mut();
+        }
+        // SAFETY: the caller's contract for `alloc` is passed on as it is.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: the caller's contract for `dealloc` is passed on as it is.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        if new_size > LIMIT {
+            return std::ptr::null_mut();
+        }
+        // SAFETY: the caller's contract for `realloc` is passed on as it is.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Bounded = Bounded;
+
+/// A version's contents: name -> (dtype name, shape, bytes).
+type Contents = BTreeMap<String, (String, Vec<usize>, Vec<u8>)>;
+
+fn contents(store: &Store, id: VersionId) -> Result<Contents, Error> {
+    let snap = store.snapshot(id)?;
+    let mut out = Contents::new();
+    for name in snap.names() {
+        let t = snap.tensor(&name)?;
+        let bytes: Vec<u8> = match t.dtype().name() {
+            "f32" => bytemuck::cast_slice(snap.get::<f32>(&name)?.as_slice().unwrap()).to_vec(),
+            "i16" => bytemuck::cast_slice(snap.get::<i16>(&name)?.as_slice().unwrap()).to_vec(),
+            other => panic!("the test repository has no {other} tensor"),
+        };
+        out.insert(
+            name,
+            (t.dtype().name().to_owned(), t.shape().to_vec(), bytes),
+        );
+    }
+    Ok(out)
+}
+
+/// A small repository with every kind of file: two saves (two packs, two indexes),
+/// branches, a tag, a detached HEAD moved back to a branch, pruned versions and a gc
+/// run. Returns the contents of every saved version by its hash.
+fn build(dir: &Path) -> BTreeMap<String, Contents> {
+    let mut store = Store::with_config(Config {
+        chunk_bytes: 64,
+        ..Config::default()
+    })
+    .unwrap();
+    store
+        .insert(
+            "w",
+            &Array2::from_shape_fn((6, 8), |(i, j)| (i * 8 + j) as f32),
+        )
+        .unwrap();
+    store
+        .insert("b", &Array1::from_shape_fn(5, |i| i as i16 - 2))
+        .unwrap();
+    let v0 = store.commit("init").unwrap();
+    store.update_map::<f32>("w", |x| x * 2.0).unwrap();
+    let v1 = store.commit("double").unwrap();
+    store.tag("doubled", v1).unwrap();
+    store.branch("side", v0).unwrap();
+    store.checkout("side").unwrap();
+    store
+        .update_range::<i16>("b", 1..2, |_, xs| xs[0] = 99)
+        .unwrap();
+    store.commit("side change").unwrap();
+    store.save_as(dir).unwrap();
+    store.checkout("main").unwrap();
+    for k in 0..3 {
+        store
+            .update_range::<f32>("w", k * 8..k * 8 + 3, |_, xs| xs.fill(-1.0))
+            .unwrap();
+        store.commit(&format!("sparse {k}")).unwrap();
+    }
+    store.prune(&Retention::keep_last(2)).unwrap();
+    store.save().unwrap();
+    store.gc_with(&GcOptions::immediate()).unwrap();
+    let mut all = BTreeMap::new();
+    for id in store.versions() {
+        all.insert(
+            store.version_hash(id).unwrap().to_string(),
+            contents(&store, id).unwrap(),
+        );
+    }
+    all
+}
+
+fn files(root: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut todo = vec![root.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                todo.push(p);
+            } else {
+                out.push(p.strip_prefix(root).unwrap().to_path_buf());
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    for rel in files(from) {
+        let dst = to.join(&rel);
+        std::fs::create_dir_all(dst.parent().unwrap()).unwrap();
+        std::fs::copy(from.join(&rel), dst).unwrap();
+    }
+}
+
+/// Open the repository and read every ref, HEAD and every known version.
+fn read_everything(dir: &Path, known: &BTreeMap<String, Contents>) -> Result<(), Error> {
+    let store = Store::open(dir)?;
+    let mut ids: Vec<VersionId> = store.head().into_iter().collect();
+    for (name, _) in store.refs() {
+        ids.push(store.resolve(&name)?);
+    }
+    for hash in known.keys() {
+        if let Ok(id) = store.resolve(hash) {
+            ids.push(id);
+        }
+    }
+    for id in ids {
+        let hash = store.version_hash(id)?.to_string();
+        let want = known
+            .get(&hash)
+            .unwrap_or_else(|| panic!("{id} has hash {hash}, which no saved version had"));
+        assert_eq!(&contents(&store, id)?, want, "version {hash}: wrong data");
+    }
+    store.verify()?;
+    if store.head().is_some() {
+        // The working state (HEAD's) reads too.
+        for name in store.names() {
+            store.tensor(&name)?;
+        }
+    }
+    Ok(())
+}
+
+/// Whether `e` is a typed error naming an object that is missing: what a deleted file
+/// (or a ref whose version id was damaged into another valid id) leaves, since nothing
+/// names a file that is gone (an index is found by listing, a ref names a version).
+fn names_missing_object(e: &Error) -> bool {
+    matches!(e, Error::CorruptObject { reason, .. }
+        if reason.contains("missing") || reason.contains("in no index"))
+}
+
+/// Whether `e` is a typed error that names the file `rel`.
+fn names_file(e: &Error, rel: &Path) -> bool {
+    let rel = rel.to_string_lossy();
+    match e {
+        Error::CorruptObject { path, .. }
+        | Error::UnsupportedFormat { path, .. }
+        | Error::Io { path, .. } => path.replace('\\', "/").contains(rel.as_ref()),
+        _ => false,
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Damage {
+    Flip(usize, u8),
+    Truncate(usize),
+    Delete,
+}
+
+fn apply(path: &Path, damage: Damage) {
+    match damage {
+        Damage::Flip(at, mask) => {
+            let mut bytes = std::fs::read(path).unwrap();
+            let at = at.min(bytes.len() - 1);
+            bytes[at] ^= mask;
+            std::fs::write(path, bytes).unwrap();
+        }
+        Damage::Truncate(len) => {
+            let f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+            f.set_len(len as u64).unwrap();
+        }
+        Damage::Delete => std::fs::remove_file(path).unwrap(),
+    }
+}
+
+fn damages(len: usize) -> Vec<Damage> {
+    let mut d = Vec::new();
+    // Magic, kind and version bytes, the body, the trailer, the last byte.
+    let spots = [
+        0,
+        1,
+        7,
+        8,
+        9,
+        10,
+        16,
+        len / 2,
+        len.saturating_sub(33),
+        len - 1,
+    ];
+    for at in spots {
+        for mask in [0x01, 0x80] {
+            d.push(Damage::Flip(at, mask));
+        }
+    }
+    for cut in [0, 1, 9, len / 2, len.saturating_sub(32), len - 1] {
+        if cut < len {
+            d.push(Damage::Truncate(cut));
+        }
+    }
+    d.push(Damage::Delete);
+    d.dedup_by(|a, b| format!("{a:?}") == format!("{b:?}"));
+    d
+}
+
+#[test]
+fn every_damaged_file_is_a_typed_error_naming_it_or_reads_correct_data() {
+    let base = tempfile::tempdir().unwrap();
+    let known = build(base.path());
+    let rels = files(base.path());
+    let mut kinds: BTreeMap<String, usize> = BTreeMap::new();
+    // Correct data, an error naming the file, an error naming a missing object.
+    let mut outcomes = [0usize; 3];
+    let mut failures = Vec::new();
+    for rel in &rels {
+        let kind = rel
+            .iter()
+            .next()
+            .map(|c| c.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        *kinds.entry(kind).or_default() += 1;
+        let len = std::fs::metadata(base.path().join(rel)).unwrap().len() as usize;
+        for damage in damages(len.max(1)) {
+            let case = tempfile::tempdir().unwrap();
+            copy_dir(base.path(), case.path());
+            apply(&case.path().join(rel), damage);
+            let result =
+                std::panic::catch_unwind(AssertUnwindSafe(|| read_everything(case.path(), &known)));
+            match result {
+                Ok(Ok(())) => outcomes[0] += 1,
+                Ok(Err(e)) if names_file(&e, rel) => outcomes[1] += 1,
+                Ok(Err(e)) if names_missing_object(&e) => outcomes[2] += 1,
+                Ok(Err(e)) => failures.push(format!("{}: {damage:?}: {e:?}", rel.display())),
+                Err(_) => failures.push(format!("{}: {damage:?}: panicked", rel.display())),
+            }
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} cases failed:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+    // Every kind of file was damaged.
+    for kind in [
+        "config.json",
+        "HEAD",
+        "packs",
+        "index",
+        "manifests",
+        "versions",
+        "refs",
+    ] {
+        assert!(
+            kinds.keys().any(|k| k.starts_with(kind)),
+            "no `{kind}` file in the repository: {kinds:?}"
+        );
+    }
+    assert!(outcomes[1] > 0, "no damage was detected: {outcomes:?}");
+    eprintln!(
+        "{} files, {} cases: {} read correct data, {} named the damaged file, {} named a \
+         missing object",
+        rels.len(),
+        outcomes.iter().sum::<usize>(),
+        outcomes[0],
+        outcomes[1],
+        outcomes[2]
+    );
+}
