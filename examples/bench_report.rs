@@ -13,21 +13,26 @@
 //! cargo run --release --example bench_report                 # 1 GiB in 64 f32 tensors
 //! cargo run --release --example bench_report -- --quick      # 256 MiB, well under a minute
 //! cargo run --release --example bench_report -- --quick --chunk-bytes 131072
+//! cargo run --release --example bench_report -- --repo-only   # the repository rows
 //! ```
 //!
 //! Options: `--quick`, `--size-mib N`, `--chunk-bytes N`, `--reps N` (runs per side,
 //! default 11), `--serial-baseline` (the baseline on one thread; by default it runs on
-//! as many threads as the store: rayon over the 64 tensors).
+//! as many threads as the store: rayon over the 64 tensors), `--repo-only` (only the
+//! rows that save to a repository, against safetensors files), `--dir PATH` (where
+//! those rows write; default the system's temporary directory).
 
 use std::collections::BTreeMap;
 use std::hint::black_box;
 use std::ops::Range;
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use ndarray::{ArrayView2, ArrayViewMut2};
 use rayon::prelude::*;
 use tensor_history::{Config, Store, DEFAULT_CHUNK_BYTES};
 
+mod repo_bench;
 mod timing;
 
 use timing::{clock, interleave, timed, Res};
@@ -56,6 +61,8 @@ struct Opts {
     chunk_bytes: usize,
     reps: usize,
     serial_baseline: bool,
+    repo_only: bool,
+    dir: PathBuf,
 }
 
 fn parse_args() -> Res<Opts> {
@@ -64,6 +71,8 @@ fn parse_args() -> Res<Opts> {
         chunk_bytes: DEFAULT_CHUNK_BYTES,
         reps: 11,
         serial_baseline: false,
+        repo_only: false,
+        dir: std::env::temp_dir(),
     };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -77,6 +86,8 @@ fn parse_args() -> Res<Opts> {
             "--chunk-bytes" => o.chunk_bytes = num("--chunk-bytes")?,
             "--reps" => o.reps = num("--reps")?.max(1),
             "--serial-baseline" => o.serial_baseline = true,
+            "--repo-only" => o.repo_only = true,
+            "--dir" => o.dir = args.next().ok_or("--dir needs a value")?.into(),
             "--bench" => {} // passed by `cargo bench --examples`; ignore
             other => return Err(format!("unknown argument `{other}`").into()),
         }
@@ -194,7 +205,7 @@ impl Report {
 
     fn print(&self) {
         println!("scenario\tmetric\tbaseline\tstore\tratio");
-        for name in SCENARIOS {
+        for name in SCENARIOS.iter().chain(&repo_bench::SCENARIOS) {
             if let Some((metric, b, s)) = self.rows.get(name) {
                 println!(
                     "{name}\t{metric}\t{}\t{}\t{:.2}",
@@ -261,6 +272,16 @@ fn main() -> Res<()> {
         rows: BTreeMap::new(),
     };
     let names = model.names.clone();
+    let repo_root = opts
+        .dir
+        .join(format!("tensor-history-bench-{}", std::process::id()));
+    if opts.repo_only {
+        repo_bench::run(&model, &cfg, reps, &repo_root, &mut report)?;
+        let _ = std::fs::remove_dir_all(&repo_root);
+        report.print();
+        eprintln!("total {:.1} s", start.elapsed().as_secs_f64());
+        return Ok(());
+    }
 
     // ---- commit_unchanged: commit with nothing changed vs one deep copy -------------
     {
@@ -527,6 +548,9 @@ fn main() -> Res<()> {
         report.add("trial_dense_vs_deep_copy", "ms", m[1], m[2]);
     }
 
+    drop(bufs);
+    repo_bench::run(&model, &cfg, reps, &repo_root, &mut report)?;
+    let _ = std::fs::remove_dir_all(&repo_root);
     report.print();
     eprintln!("total {:.1} s", start.elapsed().as_secs_f64());
     Ok(())
