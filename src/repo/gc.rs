@@ -34,6 +34,10 @@ pub struct GcOptions {
     /// Packs whose live bytes are below this fraction of their chunk bytes are rewritten
     /// with only their live chunks (default 0.5).
     pub repack_below: f64,
+    /// Write and delete nothing: only report what a run with these options would do
+    /// (`objects_deleted` and `bytes_deleted` then count what it would delete, and
+    /// `packs_rewritten` the packs it would rewrite, whose freed bytes are not counted).
+    pub dry_run: bool,
 }
 
 impl Default for GcOptions {
@@ -41,6 +45,7 @@ impl Default for GcOptions {
         GcOptions {
             grace: DEFAULT_GC_GRACE,
             repack_below: 0.5,
+            dry_run: false,
         }
     }
 }
@@ -281,7 +286,9 @@ fn gc_into(b: &mut Bound, options: &GcOptions) -> Result<GcStats> {
             rewrite.push((*pack, served.into_iter().copied().collect::<Vec<_>>()));
         }
     }
-    if !rewrite.is_empty() {
+    if options.dry_run {
+        stats.packs_rewritten = rewrite.len();
+    } else if !rewrite.is_empty() {
         let mut index = IndexBody::default();
         let mut moved = Vec::new();
         for (pack, chunks) in &rewrite {
@@ -376,6 +383,7 @@ fn gc_into(b: &mut Bound, options: &GcOptions) -> Result<GcStats> {
         {
             Ok(body) => records.push((o.key.clone(), body)),
             // A record torn by a crash: delete it (it only ever delays deletions).
+            Err(Error::CorruptObject { .. }) if options.dry_run => {}
             Err(Error::CorruptObject { .. }) => backend.delete(&o.key)?,
             Err(e) if is_not_found(&e) => {}
             Err(e) => return Err(e),
@@ -388,7 +396,16 @@ fn gc_into(b: &mut Bound, options: &GcOptions) -> Result<GcStats> {
         .cloned()
         .collect();
     fresh.sort();
-    if !fresh.is_empty() {
+    if options.dry_run && !fresh.is_empty() {
+        // What this run would record, as if recorded now.
+        stats.candidates_recorded = fresh.len();
+        let body = GcBody {
+            time_ns: now,
+            keys: fresh,
+            chunks: Vec::new(),
+        };
+        records.push((String::new(), body));
+    } else if !fresh.is_empty() {
         let body = GcBody {
             time_ns: now,
             keys: fresh,
@@ -454,6 +471,17 @@ fn gc_into(b: &mut Bound, options: &GcOptions) -> Result<GcStats> {
                     .cloned(),
             );
         }
+    }
+    if options.dry_run {
+        let gone = old_indexes
+            .iter()
+            .map(String::as_str)
+            .chain(doomed.iter().copied());
+        for k in gone {
+            stats.objects_deleted += 1;
+            stats.bytes_deleted += modified.get(k).map_or(0, |o| o.size);
+        }
+        return Ok(stats);
     }
     if !old_indexes.is_empty() {
         let (bytes, id) = encode(Kind::Index, &replacement);

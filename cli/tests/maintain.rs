@@ -1,0 +1,248 @@
+//! The commands that change or check a repository: `branch`, `tag`, `delete`, `prune`,
+//! `gc`, `verify`, `export`, `import`; each change read back by opening the repository.
+
+mod common;
+
+use common::{dir_bytes, files, sample_repo, th};
+use tensor_history::{Ref, Store, Value};
+
+#[test]
+fn branch_and_tag_are_saved() {
+    let (_d, repo, ids) = sample_repo();
+    th(Some(&repo), &["branch", "try", &ids.main[1].to_string()]).ok();
+    let v = th(Some(&repo), &["--json", "tag", "release"]).ok().json();
+    assert_eq!(v["version"], ids.main[2].to_string());
+    let store = Store::open(&repo).unwrap();
+    assert_eq!(store.resolve("try").unwrap(), ids.main[1]);
+    let refs = store.refs();
+    assert!(refs.contains(&("release".to_owned(), Ref::Tag(ids.main[2]))));
+    assert!(refs.contains(&("try".to_owned(), Ref::Branch(ids.main[1]))));
+}
+
+#[test]
+fn delete_removes_a_branch_or_a_tag() {
+    let (_d, repo, _) = sample_repo();
+    th(Some(&repo), &["delete", "best"]).ok();
+    let out = th(Some(&repo), &["delete", "alt"]).ok().stdout;
+    assert!(out.contains("deleted branch alt"), "{out}");
+    let store = Store::open(&repo).unwrap();
+    let names: Vec<String> = store.refs().into_iter().map(|(n, _)| n).collect();
+    assert_eq!(names, vec!["main".to_owned()]);
+}
+
+#[test]
+fn prune_keep_best_keeps_the_lowest_losses_and_the_tips() {
+    let (_d, repo, ids) = sample_repo();
+    let v = th(
+        Some(&repo),
+        &["--json", "prune", "--keep-best", "1", "--metric", "loss"],
+    )
+    .ok()
+    .json();
+    // Kept: v5 (alt tip, loss 0.4, also the best), v3 (main tip and tag).
+    let want: Vec<String> = [ids.init, ids.main[0], ids.main[1], ids.alt[0]]
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    assert_eq!(v["dropped"], serde_json::json!(want));
+    let store = Store::open(&repo).unwrap();
+    assert_eq!(store.versions(), vec![ids.main[2], ids.alt[1]]);
+    assert_eq!(
+        store.metadata(ids.alt[1]).unwrap().get("loss"),
+        Some(&Value::Float(0.4))
+    );
+}
+
+#[test]
+fn prune_keep_best_max_and_keep_last_combine() {
+    let (_d, repo, ids) = sample_repo();
+    th(
+        Some(&repo),
+        &[
+            "prune",
+            "--keep-last",
+            "2",
+            "--keep-best",
+            "1",
+            "--metric",
+            "loss",
+            "--max",
+        ],
+    )
+    .ok();
+    let store = Store::open(&repo).unwrap();
+    // last 2 of main: v3 v2; of alt: v5 v4; best by max loss: v1 (0.9).
+    assert_eq!(
+        store.versions(),
+        vec![
+            ids.main[0],
+            ids.main[1],
+            ids.main[2],
+            ids.alt[0],
+            ids.alt[1]
+        ]
+    );
+}
+
+#[test]
+fn gc_dry_run_changes_nothing_and_gc_frees_pruned_data() {
+    let (_d, repo, _) = sample_repo();
+    th(Some(&repo), &["delete", "alt"]).ok();
+    th(
+        Some(&repo),
+        &["prune", "--keep-last", "1", "--drop-unreachable"],
+    )
+    .ok();
+    let before = files(&repo);
+    let bytes_before = dir_bytes(&repo);
+    let v = th(Some(&repo), &["--json", "gc", "--dry-run", "--grace", "0"])
+        .ok()
+        .json();
+    assert_eq!(v["dry_run"], true);
+    assert!(v["objects_deleted"].as_u64().unwrap() > 0, "{v}");
+    assert_eq!(files(&repo), before, "a dry run writes and deletes nothing");
+    let v = th(Some(&repo), &["--json", "gc", "--grace", "0"])
+        .ok()
+        .json();
+    assert!(v["bytes_deleted"].as_u64().unwrap() > 0, "{v}");
+    assert!(dir_bytes(&repo) < bytes_before);
+    th(Some(&repo), &["verify"]).ok();
+    let store = Store::open(&repo).unwrap();
+    assert_eq!(store.versions().len(), 1);
+    let snap = store.snapshot(store.head().unwrap()).unwrap();
+    assert_eq!(snap.get::<f32>("b").unwrap()[0], 3.0);
+}
+
+#[test]
+fn verify_passes_on_a_sound_repository() {
+    let (_d, repo, _) = sample_repo();
+    let out = th(Some(&repo), &["verify"]).ok().stdout;
+    assert!(out.starts_with("ok: "), "{out}");
+    let v = th(Some(&repo), &["verify", "--json"]).ok().json();
+    assert_eq!(v["ok"], true);
+    assert_eq!(v["versions"], 6);
+    assert!(v["chunks"].as_u64().unwrap() >= 8);
+}
+
+#[test]
+fn verify_fails_with_exit_1_naming_a_damaged_pack() {
+    let (_d, repo, _) = sample_repo();
+    let pack = files(&repo)
+        .into_iter()
+        .find(|p| p.starts_with("packs"))
+        .expect("a pack");
+    let path = repo.join(&pack);
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[200] ^= 0x40;
+    std::fs::write(&path, bytes).unwrap();
+    let name = pack.file_name().unwrap().to_str().unwrap().to_owned();
+    let run = th(Some(&repo), &["verify"]).fails(1, &["verify found", &name[..16]]);
+    assert!(run.stdout.contains(&name[..16]), "{}", run.stdout);
+    let v = th(Some(&repo), &["verify", "--json"]).json();
+    assert_eq!(v["ok"], false);
+    assert!(!v["problems"].as_array().unwrap().is_empty());
+}
+
+#[test]
+fn export_then_import_round_trips_the_tensors() {
+    let (d, repo, ids) = sample_repo();
+    let file = d.path().join("alt.safetensors");
+    let v = th(
+        Some(&repo),
+        &["--json", "export", "alt", "-o", file.to_str().unwrap()],
+    )
+    .ok()
+    .json();
+    assert_eq!(v["version"], ids.alt[1].to_string());
+    assert_eq!(v["tensors"], 3);
+    let other = d.path().join("other");
+    let v = th(
+        Some(&other),
+        &[
+            "--json",
+            "import",
+            file.to_str().unwrap(),
+            "-m",
+            "from alt",
+            "--meta",
+            "step=3",
+            "--meta",
+            "loss=0.4",
+            "--meta",
+            "source=alt",
+        ],
+    )
+    .ok()
+    .json();
+    assert_eq!(v["tensors"], serde_json::json!(["b", "count", "w"]));
+    let a = Store::open(&repo).unwrap();
+    let b = Store::open(&other).unwrap();
+    let head = b.head().unwrap();
+    assert_eq!(b.message(head).unwrap(), "from alt");
+    let meta = b.metadata(head).unwrap();
+    assert_eq!(meta.get("step"), Some(&Value::Int(3)));
+    assert_eq!(meta.get("loss"), Some(&Value::Float(0.4)));
+    assert_eq!(meta.get("source"), Some(&Value::Str("alt".into())));
+    assert_eq!(
+        b.snapshot(head).unwrap().get::<f32>("w").unwrap(),
+        a.snapshot(ids.alt[1]).unwrap().get::<f32>("w").unwrap()
+    );
+}
+
+#[test]
+fn import_replaces_the_tensors_of_head_in_a_new_version() {
+    let (d, repo, ids) = sample_repo();
+    let file = d.path().join("v1.safetensors");
+    th(
+        Some(&repo),
+        &[
+            "export",
+            &ids.main[0].to_string(),
+            "-o",
+            file.to_str().unwrap(),
+        ],
+    )
+    .ok();
+    let out = th(
+        Some(&repo),
+        &["import", file.to_str().unwrap(), "-m", "back to v1"],
+    )
+    .ok()
+    .stdout;
+    assert!(out.contains("on main"), "{out}");
+    let store = Store::open(&repo).unwrap();
+    let head = store.head().unwrap();
+    assert_eq!(store.parent(head).unwrap(), Some(ids.main[2]));
+    // The same values (in the import's own chunking).
+    let (old, new) = (
+        store.snapshot(ids.main[0]).unwrap(),
+        store.snapshot(head).unwrap(),
+    );
+    assert_eq!(new.names(), old.names());
+    for name in ["w", "b"] {
+        assert_eq!(new.get::<f32>(name).unwrap(), old.get::<f32>(name).unwrap());
+    }
+    assert_eq!(
+        new.get::<i64>("count").unwrap(),
+        old.get::<i64>("count").unwrap()
+    );
+}
+
+#[test]
+fn metadata_round_trips_through_save_and_open() {
+    let (_d, repo, ids) = sample_repo();
+    let (store, _) = common::sample_store();
+    let opened = Store::open(&repo).unwrap();
+    for id in store.versions() {
+        assert_eq!(
+            opened.metadata(id).unwrap(),
+            store.metadata(id).unwrap(),
+            "{id}"
+        );
+    }
+    assert_eq!(opened.log_graph(), store.log_graph());
+    let v = th(Some(&repo), &["--json", "show", &ids.main[1].to_string()])
+        .ok()
+        .json();
+    assert_eq!(v["meta"], serde_json::json!({"loss": 0.7, "step": 2}));
+}
