@@ -98,6 +98,8 @@ struct ReadmeDoctests;
 
 mod chunk;
 mod config;
+#[cfg(test)]
+mod core_tests;
 mod diff;
 mod element;
 mod error;

@@ -4,6 +4,8 @@
 //! (merges chunk by chunk against the merge base).
 #![allow(dead_code)]
 
+pub mod driver;
+
 use std::collections::{BTreeMap, BTreeSet};
 
 use ndarray::{ArrayD, IxDyn};
