@@ -141,6 +141,21 @@ pub(crate) fn to_py(e: Error) -> PyErr {
                 ],
             ),
             Error::Corrupt { reason } => ("Corrupt", vec![("reason", obj(py, reason))]),
+            Error::CorruptObject { path, reason } => (
+                "CorruptObject",
+                vec![("path", obj(py, path)), ("reason", obj(py, reason))],
+            ),
+            Error::AmbiguousRef { prefix, matches } => (
+                "AmbiguousRef",
+                vec![("prefix", obj(py, prefix)), ("matches", obj(py, matches))],
+            ),
+            Error::TooLarge { shape, dtype } => (
+                "TooLarge",
+                vec![
+                    ("shape", obj(py, PyTuple::new(py, shape).ok())),
+                    ("dtype", obj(py, dtype.name())),
+                ],
+            ),
             other => (
                 "TensorHistoryError",
                 vec![("detail", obj(py, format!("{other:?}")))],

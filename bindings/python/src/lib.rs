@@ -8,6 +8,7 @@
 
 mod arrays;
 mod errors;
+mod persist;
 mod snapshot;
 mod store;
 mod types;
@@ -26,6 +27,9 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<types::PyPruneStats>()?;
     m.add_class::<types::PyLogEntry>()?;
     m.add_class::<types::PyChange>()?;
+    m.add_class::<persist::PySaveStats>()?;
+    m.add_class::<persist::PyRefreshStats>()?;
+    m.add_class::<persist::PyGcStats>()?;
     m.add("DEFAULT_CHUNK_BYTES", tensor_history::DEFAULT_CHUNK_BYTES)?;
     Ok(())
 }

@@ -1,26 +1,27 @@
 //! `Store`: the core store behind a mutex, every call made without the GIL.
 
+use std::path::PathBuf;
 use std::sync::{Mutex, PoisonError};
-use std::time::UNIX_EPOCH;
 
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use tensor_history::{
-    Config, Error, MergeStrategy, Meta, Ref, Retention, Snapshot, Store, VersionId, WriteStats,
+    Error, MergeStrategy, Ref, Retention, Snapshot, Store, VersionId, WriteStats,
 };
 
 use crate::arrays::{self, on_view, View, ViewMut};
 use crate::errors::{self, OrPy};
+use crate::persist::{self, PyGcStats, PyRefreshStats, PySaveStats};
 use crate::snapshot::PySnapshot;
 use crate::types::{
-    diff_dict, meta_dict, meta_from_py, PyLogEntry, PyPruneStats, PyStats, PyVersion, PyWriteStats,
-    RefArg,
+    diff_dict, log_rows, meta_dict, meta_from_py, PyLogEntry, PyPruneStats, PyStats, PyVersion,
+    PyWriteStats, RefArg,
 };
 use crate::writeback::{check_targets, read_mapping, sync, write_mapping, write_targets};
 
 /// The state behind the lock.
-struct Inner {
-    store: Store,
+pub(crate) struct Inner {
+    pub(crate) store: Store,
 }
 
 /// Named arrays with their full version history, in memory.
@@ -33,9 +34,9 @@ pub(crate) struct PyStore {
     inner: Mutex<Inner>,
 }
 
-type Written = Vec<(String, WriteStats)>;
+pub(crate) type Written = Vec<(String, WriteStats)>;
 
-fn stats_dict<'py>(py: Python<'py>, stats: Written) -> PyResult<Bound<'py, PyDict>> {
+pub(crate) fn stats_dict<'py>(py: Python<'py>, stats: Written) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);
     for (name, s) in stats {
         d.set_item(name, Py::new(py, PyWriteStats::from(s))?)?;
@@ -54,7 +55,7 @@ fn resolve_opt(s: &Store, r: &Option<RefArg>) -> Result<VersionId, Error> {
     }
 }
 
-fn known_snapshot(s: &Store, known: &Option<RefArg>) -> Result<Option<Snapshot>, Error> {
+pub(crate) fn known_snapshot(s: &Store, known: &Option<RefArg>) -> Result<Option<Snapshot>, Error> {
     match known {
         Some(k) => Ok(Some(s.snapshot(k.resolve(s)?)?)),
         None => Ok(None),
@@ -64,54 +65,11 @@ fn known_snapshot(s: &Store, known: &Option<RefArg>) -> Result<Option<Snapshot>,
 impl PyStore {
     /// Run `f` on the locked state with the GIL released: heavy work never blocks other
     /// Python threads, and waiting for the lock cannot deadlock against the GIL.
-    fn run<R: Send>(&self, py: Python<'_>, f: impl FnOnce(&mut Inner) -> R + Send) -> R {
+    pub(crate) fn run<R: Send>(&self, py: Python<'_>, f: impl FnOnce(&mut Inner) -> R + Send) -> R {
         py.detach(|| {
             let mut g = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
             f(&mut g)
         })
-    }
-
-    /// Move HEAD with `op` after checking the targets against the version it reaches, then
-    /// write that version into the targets. `target` predicts where `op` goes (`None`: not
-    /// known in advance; then `rollback` undoes `op` if the targets do not fit).
-    fn move_and_write<'py>(
-        &self,
-        py: Python<'py>,
-        into: Option<&Bound<'py, PyAny>>,
-        known: Option<RefArg>,
-        target: impl FnOnce(&Store) -> Result<Option<VersionId>, Error> + Send,
-        op: impl FnOnce(&mut Store) -> Result<VersionId, Error> + Send,
-        rollback: impl FnOnce(&mut Store) + Send,
-    ) -> PyResult<(PyVersion, Bound<'py, PyDict>)> {
-        let mut guards = write_mapping(into)?;
-        let mut views: Vec<(String, ViewMut<'_>)> = guards
-            .iter_mut()
-            .map(|(n, g)| (n.clone(), g.view_mut()))
-            .collect();
-        let (id, written) = self
-            .run(py, |inner| -> Result<(VersionId, Written), Error> {
-                let s = &mut inner.store;
-                let known = known_snapshot(s, &known)?;
-                if views.is_empty() {
-                    return Ok((op(s)?, Vec::new()));
-                }
-                let predicted = target(s)?;
-                if let Some(t) = predicted {
-                    check_targets(&s.snapshot(t)?, &views)?;
-                }
-                let id = op(s)?;
-                let snap = s.snapshot(id)?;
-                if predicted.is_none() {
-                    if let Err(e) = check_targets(&snap, &views) {
-                        rollback(s);
-                        return Err(e);
-                    }
-                }
-                let written = write_targets(&snap, known.as_ref(), &mut views)?;
-                Ok((id, written))
-            })
-            .or_py()?;
-        Ok((id.into(), stats_dict(py, written)?))
     }
 }
 
@@ -127,18 +85,98 @@ impl PyStore {
         max_versions: Option<usize>,
         recycle_bytes: Option<usize>,
     ) -> PyResult<Self> {
-        let mut c = Config::default();
-        if let Some(b) = chunk_bytes {
-            c.chunk_bytes = b;
-        }
-        c.max_versions = max_versions;
-        if let Some(r) = recycle_bytes {
-            c.recycle_bytes = r;
-        }
+        let c = persist::config(chunk_bytes, max_versions, recycle_bytes);
         let store = Store::with_config(c).or_py()?;
         Ok(PyStore {
             inner: Mutex::new(Inner { store }),
         })
+    }
+
+    /// Open the repository at `path` (a directory, created if absent): refs, HEAD and
+    /// every version come back as saved, the working state is HEAD. Chunk data is not
+    /// read here: it is mapped and checked against its hash on first use. Keyword
+    /// arguments as for `Store()`. O(versions + tensors) objects read, GIL released.
+    ///
+    /// Raises `StorageError`, `UnsupportedFormat` (another format, or a non-empty
+    /// directory that is not a repository), `CorruptObject`.
+    #[staticmethod]
+    #[pyo3(signature = (path, *, chunk_bytes = None, max_versions = None, recycle_bytes = None))]
+    fn open(
+        py: Python<'_>,
+        path: PathBuf,
+        chunk_bytes: Option<usize>,
+        max_versions: Option<usize>,
+        recycle_bytes: Option<usize>,
+    ) -> PyResult<Self> {
+        let c = persist::config(chunk_bytes, max_versions, recycle_bytes);
+        let store = py.detach(|| persist::open(&path, c)).or_py()?;
+        Ok(PyStore {
+            inner: Mutex::new(Inner { store }),
+        })
+    }
+
+    /// Where this store saves (`None` before `open` or `save_as`).
+    #[getter]
+    fn location(&self, py: Python<'_>) -> Option<String> {
+        self.run(py, |i| i.store.location().map(str::to_owned))
+    }
+
+    /// Write every version a branch, tag or HEAD reaches that the repository lacks (only
+    /// the chunks it lacks), then move the refs; crash-safe. Uncommitted changes are not
+    /// saved. Afterwards chunks only saved versions hold leave memory (read back from
+    /// disk on use). O(new chunks) written, GIL released.
+    ///
+    /// Raises `InvalidArgument` without a repository (use `save_as`), `StorageError`
+    /// (nothing in memory is lost), `Conflict` if a branch moved in the repository since
+    /// this store saw it (every other ref is saved; `refresh`, merge, save again).
+    fn save(&self, py: Python<'_>) -> PyResult<PySaveStats> {
+        self.run(py, |i| i.store.save()).or_py().map(Into::into)
+    }
+
+    /// Bind the store to the repository at `path` (created if absent) and `save` there.
+    /// On error the store keeps its previous repository. O(all chunks) the first time.
+    fn save_as(&self, py: Python<'_>, path: PathBuf) -> PyResult<PySaveStats> {
+        self.run(py, |i| i.store.save_as(&path))
+            .or_py()
+            .map(Into::into)
+    }
+
+    /// Take in the refs and versions other processes saved since this store opened or
+    /// last refreshed. A ref this store did not move follows the repository; a branch
+    /// moved on both sides keeps this store's target (reported in `diverged`).
+    /// Uncommitted changes are kept. Raises `InvalidArgument` without a repository.
+    fn refresh(&self, py: Python<'_>) -> PyResult<PyRefreshStats> {
+        self.run(py, |i| i.store.refresh()).or_py().map(Into::into)
+    }
+
+    /// Delete repository objects no saved ref or HEAD reaches, in two phases: a run
+    /// records candidates, a run `grace` seconds later (default 3600) deletes them, so a
+    /// concurrent save never loses data (`grace=0` only with a single writer). Packs with
+    /// less than `repack_below` (default 0.5) live bytes are rewritten. `dry_run`: write
+    /// and delete nothing, report what would be done. GIL released.
+    #[pyo3(signature = (*, grace = None, repack_below = None, dry_run = false))]
+    fn gc(
+        &self,
+        py: Python<'_>,
+        grace: Option<f64>,
+        repack_below: Option<f64>,
+        dry_run: bool,
+    ) -> PyResult<PyGcStats> {
+        let o = persist::gc_options(grace, repack_below, dry_run).or_py()?;
+        self.run(py, |i| i.store.gc_with(&o))
+            .or_py()
+            .map(Into::into)
+    }
+
+    /// The content address of version `ref` (64 hex digits): the same in every process
+    /// and repository; `resolve` takes any unique prefix of 4 or more digits once the
+    /// version is saved or loaded. O(1) when saved, else hashes its unsaved chunks.
+    fn version_hash(&self, py: Python<'_>, r#ref: RefArg) -> PyResult<String> {
+        self.run(py, |i| {
+            let id = r#ref.resolve(&i.store)?;
+            i.store.version_hash(id).map(|h| h.to_string())
+        })
+        .or_py()
     }
 
     /// Largest chunk in bytes.
@@ -569,34 +607,8 @@ impl PyStore {
     /// message, time, parents and metadata.
     #[pyo3(signature = (r#ref = None))]
     fn log(&self, py: Python<'_>, r#ref: Option<RefArg>) -> PyResult<Vec<PyLogEntry>> {
-        type Row = (VersionId, String, f64, Vec<VersionId>, Meta);
         let rows = self
-            .run(py, |i| -> Result<Vec<Row>, Error> {
-                let s = &i.store;
-                let start = match &r#ref {
-                    Some(r) => r.resolve(s)?,
-                    None => match s.head() {
-                        Some(h) => h,
-                        None => return Ok(Vec::new()),
-                    },
-                };
-                let mut rows = Vec::new();
-                for id in s.log(start)? {
-                    let snap = s.snapshot(id)?;
-                    let time = snap
-                        .time()
-                        .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
-                        .map_or(0.0, |d| d.as_secs_f64());
-                    rows.push((
-                        id,
-                        snap.message().to_owned(),
-                        time,
-                        s.parents(id)?,
-                        snap.metadata().clone(),
-                    ));
-                }
-                Ok(rows)
-            })
+            .run(py, |i| log_rows(&i.store, r#ref.as_ref()))
             .or_py()?;
         rows.into_iter()
             .map(|(id, message, time, parents, meta)| {

@@ -327,3 +327,37 @@ fn change(kind: &'static str) -> PyChange {
         layout_changed: false,
     }
 }
+
+/// One row of `Store.log()`: id, message, time (seconds since the epoch), parents and
+/// metadata.
+pub(crate) type LogRow = (VersionId, String, f64, Vec<VersionId>, Meta);
+
+/// `ref` (default HEAD; nothing before the first commit) and its ancestors, newest first.
+pub(crate) fn log_rows(
+    s: &tensor_history::Store,
+    r: Option<&RefArg>,
+) -> tensor_history::Result<Vec<LogRow>> {
+    let start = match r {
+        Some(r) => r.resolve(s)?,
+        None => match s.head() {
+            Some(h) => h,
+            None => return Ok(Vec::new()),
+        },
+    };
+    let mut rows = Vec::new();
+    for id in s.log(start)? {
+        let snap = s.snapshot(id)?;
+        let time = snap
+            .time()
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .map_or(0.0, |d| d.as_secs_f64());
+        rows.push((
+            id,
+            snap.message().to_owned(),
+            time,
+            s.parents(id)?,
+            snap.metadata().clone(),
+        ));
+    }
+    Ok(rows)
+}

@@ -3,9 +3,13 @@
 
 use pyo3::prelude::*;
 use pyo3::types::PyAnyMethods;
-use tensor_history::{Error, Snapshot, Store, Tensor, WriteStats};
+use tensor_history::{Error, Snapshot, Store, Tensor, VersionId, WriteStats};
 
 use crate::arrays::{self, on_view, ReadGuard, View, ViewMut, WriteGuard};
+use crate::errors::OrPy;
+use crate::store::{known_snapshot, stats_dict, PyStore, Written};
+use crate::types::{PyVersion, RefArg};
+use pyo3::types::PyDict;
 
 /// `(name, borrowed array)` pairs from a mapping, in the mapping's order.
 pub(crate) fn read_mapping<'py>(
@@ -102,4 +106,49 @@ pub(crate) fn sync(
         }
     }
     Ok(out)
+}
+
+impl PyStore {
+    /// Move HEAD with `op` after checking the targets against the version it reaches, then
+    /// write that version into the targets. `target` predicts where `op` goes (`None`: not
+    /// known in advance; then `rollback` undoes `op` if the targets do not fit).
+    pub(crate) fn move_and_write<'py>(
+        &self,
+        py: Python<'py>,
+        into: Option<&Bound<'py, PyAny>>,
+        known: Option<RefArg>,
+        target: impl FnOnce(&Store) -> Result<Option<VersionId>, Error> + Send,
+        op: impl FnOnce(&mut Store) -> Result<VersionId, Error> + Send,
+        rollback: impl FnOnce(&mut Store) + Send,
+    ) -> PyResult<(PyVersion, Bound<'py, PyDict>)> {
+        let mut guards = write_mapping(into)?;
+        let mut views: Vec<(String, ViewMut<'_>)> = guards
+            .iter_mut()
+            .map(|(n, g)| (n.clone(), g.view_mut()))
+            .collect();
+        let (id, written) = self
+            .run(py, |inner| -> Result<(VersionId, Written), Error> {
+                let s = &mut inner.store;
+                let known = known_snapshot(s, &known)?;
+                if views.is_empty() {
+                    return Ok((op(s)?, Vec::new()));
+                }
+                let predicted = target(s)?;
+                if let Some(t) = predicted {
+                    check_targets(&s.snapshot(t)?, &views)?;
+                }
+                let id = op(s)?;
+                let snap = s.snapshot(id)?;
+                if predicted.is_none() {
+                    if let Err(e) = check_targets(&snap, &views) {
+                        rollback(s);
+                        return Err(e);
+                    }
+                }
+                let written = write_targets(&snap, known.as_ref(), &mut views)?;
+                Ok((id, written))
+            })
+            .or_py()?;
+        Ok((id.into(), stats_dict(py, written)?))
+    }
 }

@@ -84,7 +84,8 @@ def test_keep_commits_and_undo_redo_walk_kept_steps():
         train_step(model, opt, np.random.default_rng(2))
         t.keep()
     s2 = state(model, opt)
-    assert tr.store.metadata(v1) == {"loss": 0.5}
+    meta = tr.store.metadata(v1)
+    assert meta["loss"] == 0.5 and set(meta) == {"loss", th.torch.SCALARS_KEY}
     assert tr.undo() == v1
     assert_same(state(model, opt), s1)
     tr.undo()
@@ -226,3 +227,73 @@ def test_random_trials_match_a_deep_copy_oracle(ops):
                     tr.undo()
         assert_same(state(model, opt), kept[-1])
     tr.store.verify()
+
+
+def test_save_then_track_on_the_path_resumes_model_and_optimizer(tmp_path):
+    model, opt = make()
+    tr = th.torch.track(model, opt, path=tmp_path)
+    rng = np.random.default_rng(1)
+    with tr.trial() as t:
+        train_step(model, opt, rng, lr=0.05)
+        t.keep("step 1")
+    with tr.trial():
+        train_step(model, opt, rng, lr=9.0)  # reverted
+    saved = state(model, opt)
+    assert tr.save().versions_written == 2
+    # a fresh process would build the model from scratch: other values, no optimizer state
+    model2, opt2 = make(seed=5)
+    w_storage = id(model2.tensors["emb.weight"]._arr)
+    tr2 = th.torch.track(model2, opt2, path=tmp_path)
+    assert_same(state(model2, opt2), saved)
+    assert opt2.param_groups[0]["lr"] == 0.05
+    assert id(model2.tensors["emb.weight"]._arr) == w_storage  # written in place
+    # and it goes on: a kept step saves only what changed, undo goes back to the save
+    with tr2.trial() as t:
+        train_step(model2, opt2, np.random.default_rng(2))
+        t.keep()
+    assert tr2.save().versions_written == 1
+    tr2.undo()
+    assert_same(state(model2, opt2), saved)
+
+
+def test_track_on_an_empty_path_commits_and_resume_true_needs_a_history(tmp_path):
+    model, opt = make()
+    before = state(model, opt)
+    with pytest.raises(th.TrialError):
+        th.torch.track(model, opt, store=th.Store(), resume=True)
+    assert_same(state(model, opt), before)
+    tr = th.torch.track(model, opt, path=tmp_path / "new")
+    assert len(tr.store.versions()) == 1 and tr.store.location is not None
+    tr.save()
+    # resume=False commits the live model on top of the saved history instead
+    model2, opt2 = make(seed=3)
+    tr2 = th.torch.track(model2, opt2, path=tmp_path / "new", resume=False)
+    assert len(tr2.store.versions()) == 2
+    assert not np.array_equal(model2.tensors["emb.weight"]._arr, model.tensors["emb.weight"]._arr)
+
+
+def test_resuming_into_a_model_of_another_structure_raises_and_changes_nothing(tmp_path):
+    model, opt = make()
+    th.torch.track(model, opt, path=tmp_path).save()
+    rng = np.random.default_rng(0)
+    other = ft.Model({"emb.weight": ft.Tensor(rng.standard_normal((64, 16)).astype(np.float32)),
+                      "extra": ft.Tensor(np.ones(3, np.float32))})
+    before = {k: t._arr.copy() for k, t in other.tensors.items()}
+    with pytest.raises(th.TrialError):
+        th.torch.track(other, path=tmp_path)
+    for k, a in before.items():
+        assert other.tensors[k]._arr.tobytes() == a.tobytes()
+
+
+def test_optimizer_scalars_survive_json(tmp_path):
+    model, opt = make()
+    opt.param_groups[0]["betas"] = (0.9, 0.999)
+    opt.param_groups[0]["foreach"] = None
+    opt.param_groups[0]["nested"] = {"a": [1, 2.5, "x"], "b": (True,)}
+    tr = th.torch.track(model, opt, path=tmp_path)
+    tr.save()
+    model2, opt2 = make(seed=1)
+    th.torch.track(model2, opt2, path=tmp_path)
+    g = opt2.param_groups[0]
+    assert g["betas"] == (0.9, 0.999) and g["foreach"] is None
+    assert g["nested"] == {"a": [1, 2.5, "x"], "b": (True,)}

@@ -3,9 +3,15 @@
 The oracle keeps the working state, every committed version, HEAD, the branches and the
 redo path as plain dicts of array copies. After every step the store must match it, and
 every call the oracle says must fail raises the right exception and changes nothing.
+A persistence rule saves the store to a directory and, half of the time, replaces it by
+a store opened from there (the versions a ref or HEAD reaches come back; uncommitted
+changes and the redo path do not).
 """
 
 from __future__ import annotations
+
+import shutil
+import tempfile
 
 import numpy as np
 import pytest
@@ -24,6 +30,9 @@ BRANCHES = ["main", "x", "y"]
 class StoreMachine(RuleBasedStateMachine):
     @initialize(chunk=st.sampled_from([8, 24, 64]))
     def setup(self, chunk: int) -> None:
+        self.chunk = chunk
+        self.dir = tempfile.mkdtemp(prefix="th-machine-")
+        self.saved_once = False
         self.store = th.Store(chunk_bytes=chunk)
         self.working: dict[str, np.ndarray] = {}
         self.versions: dict[th.Version, dict[str, np.ndarray]] = {}
@@ -243,6 +252,51 @@ class StoreMachine(RuleBasedStateMachine):
             self.store.restore(self.head, into=bufs, known=None)
             self.redo_path.clear()
             self.check_targets(self.head, bufs)
+
+    @precondition(lambda self: self.head is not None)
+    @rule()
+    def save(self):
+        self.save_then(reopen=False)
+
+    @precondition(lambda self: self.head is not None)
+    @rule()
+    def save_and_reopen(self):
+        self.save_then(reopen=True)
+
+    def save_then(self, reopen: bool) -> None:
+        s = self.store
+        stats = s.save() if self.saved_once else s.save_as(self.dir)
+        self.saved_once = True
+        assert s.location is not None
+        again = s.save()
+        assert again.versions_written == 0 and again.chunks_written == 0
+        if not reopen:
+            return
+        # What a reopened store holds: versions reachable from the branches and HEAD.
+        roots = list(self.branches.values()) + ([self.head] if self.head is not None else [])
+        reach, stack = set(), roots
+        while stack:
+            v = stack.pop()
+            if v is None or v in reach:
+                continue
+            reach.add(v)
+            stack.append(self.parent[v])
+        hashes = {v: s.version_hash(v) for v in reach}
+        assert stats.versions_written <= len(reach)
+        self.store = r = th.Store.open(self.dir, chunk_bytes=self.chunk)
+        new = {v: r.resolve(h) for v, h in hashes.items()}
+        assert sorted(r.versions()) == sorted(new.values())
+        self.versions = {new[v]: self.versions[v] for v in reach}
+        self.parent = {new[v]: (new[self.parent[v]] if self.parent[v] is not None else None)
+                       for v in reach}
+        self.branches = {b: new[v] for b, v in self.branches.items()}
+        self.head = new[self.head] if self.head is not None else None
+        self.working = {} if self.head is None else {
+            k: a.copy() for k, a in self.versions[self.head].items()}
+        self.redo_path = []
+
+    def teardown(self) -> None:
+        shutil.rmtree(self.dir, ignore_errors=True)
 
     # ---- invariants --------------------------------------------------------------------
 

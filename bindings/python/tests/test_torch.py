@@ -85,6 +85,57 @@ def test_trial_revert_restores_params_buffers_and_adam_state(dtype):
     assert_bitwise(snapshot(m, opt), kept)
 
 
+RESUME_CHILD = """
+import sys, torch
+import tensor_history as th, tensor_history.torch
+sys.path.insert(0, sys.argv[3])
+from test_torch import small_model, step, snapshot
+torch.set_num_threads(1)
+dtype = getattr(torch, sys.argv[2])
+m, opt = small_model(dtype)
+with torch.no_grad():
+    for p in m.parameters():
+        p.zero_()  # a fresh process's model: other values, and Adam has no state yet
+tr = th.torch.track(m, opt, path=sys.argv[1])
+for i in range(3):
+    with tr.trial() as t:
+        step(m, opt, 100 + i)
+        t.keep()
+tr.save()
+torch.save(snapshot(m, opt), sys.argv[1] + ".pt")
+"""
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_saved_training_resumes_in_another_process_bit_for_bit(tmp_path, dtype):
+    import subprocess
+    import sys
+
+    m, opt = small_model(dtype)
+    tr = th.torch.track(m, opt)
+    for i in range(3):
+        with tr.trial() as t:
+            step(m, opt, i, lr=1e-2 + i * 1e-3)
+            t.keep()
+    with tr.trial():
+        step(m, opt, 50, lr=0.9)  # reverted: not part of the saved state
+    repo = str(tmp_path / "run")
+    tr.save(repo)
+    # the same three steps here, after the save, are the reference
+    for i in range(3):
+        with tr.trial() as t:
+            step(m, opt, 100 + i)
+            t.keep()
+    here = snapshot(m, opt)
+    subprocess.run([sys.executable, "-c", RESUME_CHILD, repo, str(dtype).split(".")[1],
+                    os.path.dirname(__file__)], check=True)
+    there = torch.load(repo + ".pt")
+    assert_bitwise(there, here)
+    # the child's steps landed on the repository: reopening shows them on main
+    reopened = th.Store.open(repo)
+    assert len(reopened.log()) == 1 + 3 + 3
+
+
 def test_restore_under_a_live_graph_makes_backward_raise():
     m, opt = small_model()
     tr = th.torch.track(m, opt)

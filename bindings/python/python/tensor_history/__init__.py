@@ -1,4 +1,4 @@
-"""tensor_history: in-memory version history for named arrays.
+"""tensor_history: version history for named arrays, in memory and on disk.
 
 Commits are O(1) and share unchanged chunks; restore, undo and redo repoint to any
 version and can write it back into your arrays in place, only where chunks differ.
@@ -14,6 +14,9 @@ version and can write it back into your arrays in place, only where chunks diffe
 >>> _ = store.restore(v0, into={"w": w})
 >>> w.tolist()
 [0.0, 0.0, 0.0, 0.0]
+
+``store.save_as(path)`` writes the history to a directory (only chunks it lacks, crash
+safe); ``Store.open(path)`` brings it back, mapping chunk data on first use.
 """
 
 from __future__ import annotations
@@ -25,8 +28,11 @@ from . import _errors
 from ._core import (
     DEFAULT_CHUNK_BYTES,
     Change,
+    GcStats,
     LogEntry,
     PruneStats,
+    RefreshStats,
+    SaveStats,
     Snapshot,
     Stats,
     Store,
@@ -38,8 +44,11 @@ from ._errors import *  # noqa: F401,F403
 __all__ = [
     "DEFAULT_CHUNK_BYTES",
     "Change",
+    "GcStats",
     "LogEntry",
     "PruneStats",
+    "RefreshStats",
+    "SaveStats",
     "Snapshot",
     "Stats",
     "Store",

@@ -86,6 +86,47 @@ class Change:
     @property
     def layout_changed(self) -> bool: ...
 
+class SaveStats:
+    """What a ``save`` wrote."""
+    @property
+    def versions_written(self) -> int: ...
+    @property
+    def chunks_written(self) -> int: ...
+    @property
+    def chunks_present(self) -> int: ...
+    @property
+    def packs_written(self) -> int: ...
+    @property
+    def manifests_written(self) -> int: ...
+    @property
+    def refs_written(self) -> int: ...
+    @property
+    def bytes_written(self) -> int: ...
+
+class RefreshStats:
+    """What a ``refresh`` took in from the repository."""
+    @property
+    def versions_loaded(self) -> int: ...
+    @property
+    def refs_updated(self) -> list[str]: ...
+    @property
+    def diverged(self) -> list[str]: ...
+
+class GcStats:
+    """What a ``gc`` found and did (or would do, with ``dry_run``)."""
+    @property
+    def versions_live(self) -> int: ...
+    @property
+    def chunks_live(self) -> int: ...
+    @property
+    def candidates_recorded(self) -> int: ...
+    @property
+    def objects_deleted(self) -> int: ...
+    @property
+    def bytes_deleted(self) -> int: ...
+    @property
+    def packs_rewritten(self) -> int: ...
+
 class Snapshot:
     """Read-only mapping of one version's variables; indexing returns copies."""
     @property
@@ -113,10 +154,34 @@ class Store:
         max_versions: int | None = None,
         recycle_bytes: int | None = None,
     ) -> None: ...
+    @staticmethod
+    def open(
+        path: str | os.PathLike[str],
+        *,
+        chunk_bytes: int | None = None,
+        max_versions: int | None = None,
+        recycle_bytes: int | None = None,
+    ) -> Store:
+        """Open (or create) the repository at ``path``; the working state is HEAD."""
     @property
     def chunk_bytes(self) -> int: ...
     @property
     def max_versions(self) -> int | None: ...
+    @property
+    def location(self) -> str | None:
+        """Where this store saves (``None`` before ``open`` or ``save_as``)."""
+    # persistence
+    def save(self) -> SaveStats:
+        """Write what the repository lacks, then move its refs (raises ``Conflict``)."""
+    def save_as(self, path: str | os.PathLike[str]) -> SaveStats:
+        """Bind to the repository at ``path`` and save there."""
+    def refresh(self) -> RefreshStats:
+        """Take in what other processes saved since this store last looked."""
+    def gc(self, *, grace: float | None = None, repack_below: float | None = None,
+           dry_run: bool = False) -> GcStats:
+        """Delete repository objects no saved ref reaches (two phases, ``grace`` seconds)."""
+    def version_hash(self, ref: Ref) -> str:
+        """The version's content address (64 hex digits); ``resolve`` takes a prefix."""
     def __enter__(self) -> Store: ...
     def __exit__(self, *args: object) -> bool: ...
     # working state

@@ -124,11 +124,26 @@ class InvalidSafeTensors(TensorHistoryError, ValueError):
 
 
 class Conflict(TensorHistoryError):
-    """A branch moved in the repository since it was last seen (``branch``)."""
+    """A save found that a branch moved in the repository since this store last saw it
+    (``branch``); nothing was written for that branch, every other ref was saved.
+    ``refresh()``, merge, and save again."""
 
 
 class Corrupt(TensorHistoryError):
     """Data or an invariant failed its check (``reason``)."""
+
+
+class CorruptObject(Corrupt):
+    """A repository object failed its checksum or hash, is missing, or does not parse
+    (``path``: the object at fault, ``reason``)."""
+
+
+class AmbiguousRef(TensorHistoryError, KeyError):
+    """A hex prefix matches several saved versions (``prefix``, ``matches``)."""
+
+
+class TooLarge(TensorHistoryError, ValueError):
+    """A tensor larger than memory can address (``shape``, ``dtype``)."""
 
 
 class TrialError(TensorHistoryError, RuntimeError):

@@ -31,6 +31,13 @@ How it works, and what to know:
 - CPU tensors only; optimizer state that appears (first ``step()``) or disappears
   between versions is created or removed; ``param_groups`` hyper-parameters (learning
   rates, ...) are restored too.
+- Saving and resuming: ``track(model, optimizer, path="runs/exp1")`` opens (or creates)
+  the repository there; if it holds a history, its HEAD is put back into the model and
+  optimizer in place. ``tracker.save()`` writes the committed versions (only chunks the
+  repository lacks). ``param_groups`` values and non-tensor optimizer state travel as
+  JSON in each version's metadata under ``"torch.scalars"`` (None, bool, int, float,
+  str, lists, tuples, dicts and small tensors; a version with other values keeps them
+  in memory only, and restoring it after a reopen leaves ``param_groups`` as they are).
 
 torch is imported on first use; nothing here needs it at import time.
 """
@@ -38,11 +45,13 @@ torch is imported on first use; nothing here needs it at import time.
 from __future__ import annotations
 
 import copy
-from typing import Any, Dict, Iterator, Optional, Tuple
+import json
+import os
+from typing import Any, Dict, Iterator, Optional, Tuple, Union
 
 import numpy as np
 
-from ._core import Store, Version
+from ._core import SaveStats, Store, Version
 from ._errors import TrialError, UncommittedChanges
 
 __all__ = ["Tracker", "Trial", "track"]
@@ -52,6 +61,61 @@ def _torch() -> Any:
     import torch
 
     return torch
+
+
+SCALARS_KEY = "torch.scalars"
+"""Metadata key of the optimizer's hyper-parameters and non-tensor state (JSON)."""
+
+
+class _NotJson(Exception):
+    pass
+
+
+def _encode(v: Any) -> Any:
+    """A JSON-able form of a param_groups / optimizer-state value (tagged tuples, dicts and
+    small tensors, so that decoding gives back the same Python types)."""
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return v
+    if isinstance(v, list):
+        return [_encode(x) for x in v]
+    if isinstance(v, tuple):
+        return {"tuple": [_encode(x) for x in v]}
+    if isinstance(v, dict) and all(isinstance(k, str) for k in v):
+        return {"dict": [[k, _encode(x)] for k, x in v.items()]}
+    torch = _torch()
+    if isinstance(v, torch.Tensor) and v.device.type == "cpu" and v.numel() <= 64:
+        return {"tensor": v.detach().tolist(), "dtype": str(v.dtype).removeprefix("torch."),
+                "shape": list(v.shape)}
+    raise _NotJson(type(v).__name__)
+
+
+def _decode(v: Any) -> Any:
+    if isinstance(v, list):
+        return [_decode(x) for x in v]
+    if not isinstance(v, dict):
+        return v
+    if "tuple" in v:
+        return tuple(_decode(x) for x in v["tuple"])
+    if "dict" in v:
+        return {k: _decode(x) for k, x in v["dict"]}
+    torch = _torch()
+    return torch.tensor(v["tensor"], dtype=getattr(torch, v["dtype"])).reshape(v["shape"])
+
+
+def _dump_scalars(extras: dict) -> Optional[str]:
+    try:
+        return json.dumps({
+            "groups": [_encode(g) for g in extras["groups"]],
+            "state": [[i, k, _encode(v)] for (i, k), v in extras["state"].items()],
+        })
+    except _NotJson:
+        return None
+
+
+def _load_scalars(text: str) -> dict:
+    d = json.loads(text)
+    return {"groups": [_decode(g) for g in d["groups"]],
+            "state": {(i, k): _decode(v) for i, k, v in d["state"]}}
 
 
 def _increment_version(tensors: list) -> None:
@@ -90,7 +154,7 @@ class Trial:
             raise TrialError("trials do not nest", reason="nested trial")
         # The base is HEAD; if the model moved on since the last commit, record it first
         # (copying only the changed chunks) so that a revert has somewhere to go.
-        if tr._dirty_names(tr._entries()) or tr.store.head() != tr._synced_head:
+        if tr.is_dirty():
             tr._commit(f"{self.message} (base)", {})
         self.base = tr.store.head()
         tr._trial = self
@@ -109,6 +173,8 @@ class Tracker:
     """History of a model's state_dict and an optimizer's state in a :class:`Store`.
 
     Names in the store: ``model/<state_dict key>`` and ``optim/<param index>/<key>``.
+    ``resume``: put the store's HEAD into the model and optimizer instead of committing
+    them (default: when the store's HEAD holds a model, as after ``Store.open``).
     """
 
     def __init__(
@@ -119,6 +185,7 @@ class Tracker:
         store: Optional[Store] = None,
         message: str = "track",
         trust_versions: bool = True,
+        resume: Optional[bool] = None,
     ) -> None:
         self.model = model
         self.optimizer = optimizer
@@ -130,7 +197,17 @@ class Tracker:
         self._extras: Dict[Version, dict] = {}
         self._kinds: Dict[str, Any] = {}
         self._untrusted: set = set()
-        self._commit(message, {})
+        head = self.store.head()
+        held = head is not None and any(n.startswith("model/") for n in self.store.snapshot(head))
+        if resume is None:
+            resume = held
+        if resume:
+            if not held:
+                raise TrialError("resume=True but the store has no committed model",
+                                 reason="nothing to resume")
+            self._apply(head, lambda: self.store.restore(head))
+        else:
+            self._commit(message, {})
 
     # ---- the tensors -------------------------------------------------------------------
 
@@ -188,6 +265,8 @@ class Tracker:
         missing from the live optimizer)."""
         torch = _torch()
         kind = self._kinds.get(name)
+        if kind is None and a.dtype.name == "bfloat16":
+            kind = torch.bfloat16
         if kind == torch.bfloat16:
             return torch.from_numpy(a.view(np.uint16)).view(torch.bfloat16)
         if kind == torch.bool:
@@ -225,11 +304,16 @@ class Tracker:
         dirty = set(self._dirty_names(entries))
         arrays = {n: self._np(n, entries[n]) for n in dirty if n in entries}
         gone = [n for n in self.store.names() if n not in entries]
+        scalars = self._scalars()
+        meta = dict(metadata)
+        text = _dump_scalars(scalars) if self.optimizer is not None else None
+        if text is not None:
+            meta[SCALARS_KEY] = text
         self.store.sync(arrays)
         for n in gone:
             self.store.remove(n)
-        v = self.store.commit(message, **metadata)
-        self._extras[v] = self._scalars()
+        v = self.store.commit(message, **meta)
+        self._extras[v] = scalars
         self._synced = {n: t._version for n, t in entries.items()}
         self._synced_head = v
         return v
@@ -274,11 +358,22 @@ class Tracker:
                 if n.startswith("optim/") and n not in entries:
                     _, i, k = n.split("/", 2)
                     self.optimizer.state[params[int(i)]][k] = self._from_np(n, snap[n])
-            self._restore_scalars(self._extras.get(target))
+            self._restore_scalars(self._scalars_of(target))
         _increment_version(bumped)
         self._synced = {n: t._version for n, t in self._entries().items()}
         self._synced_head = target
         return written
+
+    def _scalars_of(self, v: Version) -> Optional[dict]:
+        """The optimizer scalars of version `v`: kept in memory, or from its metadata
+        (versions loaded from a repository)."""
+        extras = self._extras.get(v)
+        if extras is None:
+            text = self.store.metadata(v).get(SCALARS_KEY)
+            if isinstance(text, str):
+                extras = _load_scalars(text)
+                self._extras[v] = extras
+        return extras
 
     def _restore_scalars(self, extras: Optional[dict]) -> None:
         if not extras or self.optimizer is None:
@@ -365,6 +460,14 @@ class Tracker:
         self._apply(v, self.store.redo)
         return v
 
+    def save(self, path: Union[str, "os.PathLike[str]", None] = None) -> SaveStats:
+        """Write the committed versions to the store's repository (or, with `path`, bind
+        the store to the repository there first): only chunks it lacks are written.
+        Uncommitted changes of the model are not saved: ``commit()`` first. Raises
+        ``Conflict`` if another process moved the branch (see :meth:`Store.save`)."""
+        self._check_idle("save")
+        return self.store.save_as(path) if path is not None else self.store.save()
+
     def trial(self, message: str = "trial") -> Trial:
         """A ``with`` block whose changes are kept only if ``keep()`` is called."""
         return Trial(self, message)
@@ -381,7 +484,17 @@ class Tracker:
         return iter(self.store.names())
 
 
-def track(model: Any, optimizer: Any = None, **kwargs: Any) -> Tracker:
-    """Start tracking `model` (and `optimizer`): commits their current state and returns
-    a :class:`Tracker`. Keyword arguments go to :class:`Tracker`."""
+def track(model: Any, optimizer: Any = None, *,
+          path: Union[str, "os.PathLike[str]", None] = None, **kwargs: Any) -> Tracker:
+    """Start tracking `model` (and `optimizer`) and return a :class:`Tracker`.
+
+    Without `path`: commits their current state in a new in-memory store. With `path`:
+    opens (or creates) the repository there; if it holds a history, its HEAD is written
+    into the model and optimizer in place (resume), else their state is committed; call
+    ``tracker.save()`` to write new versions. Other keyword arguments go to
+    :class:`Tracker`."""
+    if path is not None:
+        if "store" in kwargs:
+            raise TypeError("track() takes path= or store=, not both")
+        kwargs["store"] = Store.open(path)
     return Tracker(model, optimizer, **kwargs)

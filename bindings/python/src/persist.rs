@@ -1,0 +1,186 @@
+//! Persistence: the statistics of `save`, `refresh` and `gc`, and the calls behind
+//! `Store.open`, `save`, `save_as`, `refresh`, `gc` and `version_hash`. Every call runs on
+//! the locked store with the GIL released (see `PyStore::run`).
+
+use std::path::Path;
+use std::time::Duration;
+
+use pyo3::prelude::*;
+use tensor_history::{Config, Error, GcOptions, GcStats, RefreshStats, SaveStats, Store};
+
+/// What a `save` (or `save_as`) wrote.
+#[pyclass(frozen, get_all, module = "tensor_history", name = "SaveStats")]
+#[derive(Clone, Debug)]
+pub(crate) struct PySaveStats {
+    /// Versions new to the repository.
+    versions_written: usize,
+    /// Chunks written into new packs.
+    chunks_written: usize,
+    /// Distinct chunks of the new versions that the repository already held.
+    chunks_present: usize,
+    /// Packs written.
+    packs_written: usize,
+    /// Manifests (per-tensor objects) written.
+    manifests_written: usize,
+    /// Ref log entries written.
+    refs_written: usize,
+    /// Bytes of every object written.
+    bytes_written: u64,
+}
+
+impl From<SaveStats> for PySaveStats {
+    fn from(s: SaveStats) -> Self {
+        PySaveStats {
+            versions_written: s.versions_written,
+            chunks_written: s.chunks_written,
+            chunks_present: s.chunks_present,
+            packs_written: s.packs_written,
+            manifests_written: s.manifests_written,
+            refs_written: s.refs_written,
+            bytes_written: s.bytes_written,
+        }
+    }
+}
+
+#[pymethods]
+impl PySaveStats {
+    fn __repr__(&self) -> String {
+        format!(
+            "SaveStats(versions_written={}, chunks_written={}, chunks_present={}, \
+             packs_written={}, manifests_written={}, refs_written={}, bytes_written={})",
+            self.versions_written,
+            self.chunks_written,
+            self.chunks_present,
+            self.packs_written,
+            self.manifests_written,
+            self.refs_written,
+            self.bytes_written
+        )
+    }
+}
+
+/// What a `refresh` took in from the repository.
+#[pyclass(frozen, get_all, module = "tensor_history", name = "RefreshStats")]
+#[derive(Clone, Debug)]
+pub(crate) struct PyRefreshStats {
+    /// Versions new to this store.
+    versions_loaded: usize,
+    /// Refs moved, created or deleted to match the repository.
+    refs_updated: Vec<String>,
+    /// Branches moved both here and in the repository (this store keeps its own).
+    diverged: Vec<String>,
+}
+
+impl From<RefreshStats> for PyRefreshStats {
+    fn from(s: RefreshStats) -> Self {
+        PyRefreshStats {
+            versions_loaded: s.versions_loaded,
+            refs_updated: s.refs_updated,
+            diverged: s.diverged,
+        }
+    }
+}
+
+#[pymethods]
+impl PyRefreshStats {
+    fn __repr__(&self) -> String {
+        format!(
+            "RefreshStats(versions_loaded={}, refs_updated={:?}, diverged={:?})",
+            self.versions_loaded, self.refs_updated, self.diverged
+        )
+    }
+}
+
+/// What a `gc` found and did (or, with `dry_run`, would do).
+#[pyclass(frozen, get_all, module = "tensor_history", name = "GcStats")]
+#[derive(Clone, Debug)]
+pub(crate) struct PyGcStats {
+    /// Versions reachable from the saved refs and HEAD.
+    versions_live: usize,
+    /// Chunks those versions hold.
+    chunks_live: usize,
+    /// Objects recorded as unreferenced by this run (deleted by a run `grace` later).
+    candidates_recorded: usize,
+    /// Objects deleted.
+    objects_deleted: usize,
+    /// Bytes of the objects deleted.
+    bytes_deleted: u64,
+    /// Mostly-dead packs rewritten with only their live chunks.
+    packs_rewritten: usize,
+}
+
+impl From<GcStats> for PyGcStats {
+    fn from(s: GcStats) -> Self {
+        PyGcStats {
+            versions_live: s.versions_live,
+            chunks_live: s.chunks_live,
+            candidates_recorded: s.candidates_recorded,
+            objects_deleted: s.objects_deleted,
+            bytes_deleted: s.bytes_deleted,
+            packs_rewritten: s.packs_rewritten,
+        }
+    }
+}
+
+#[pymethods]
+impl PyGcStats {
+    fn __repr__(&self) -> String {
+        format!(
+            "GcStats(versions_live={}, chunks_live={}, candidates_recorded={}, \
+             objects_deleted={}, bytes_deleted={}, packs_rewritten={})",
+            self.versions_live,
+            self.chunks_live,
+            self.candidates_recorded,
+            self.objects_deleted,
+            self.bytes_deleted,
+            self.packs_rewritten
+        )
+    }
+}
+
+/// A store `Config` from the keyword arguments of `Store()` and `Store.open`.
+pub(crate) fn config(
+    chunk_bytes: Option<usize>,
+    max_versions: Option<usize>,
+    recycle_bytes: Option<usize>,
+) -> Config {
+    let mut c = Config::default();
+    if let Some(b) = chunk_bytes {
+        c.chunk_bytes = b;
+    }
+    c.max_versions = max_versions;
+    if let Some(r) = recycle_bytes {
+        c.recycle_bytes = r;
+    }
+    c
+}
+
+/// Open (or create) the repository at `path`.
+pub(crate) fn open(path: &Path, config: Config) -> Result<Store, Error> {
+    Store::open_with(path, config)
+}
+
+/// `GcOptions` from `gc`'s keyword arguments: `grace` in seconds (>= 0, finite),
+/// `repack_below` in [0, 1].
+pub(crate) fn gc_options(
+    grace: Option<f64>,
+    repack_below: Option<f64>,
+    dry_run: bool,
+) -> Result<GcOptions, Error> {
+    let mut o = GcOptions::default();
+    o.dry_run = dry_run;
+    if let Some(g) = grace {
+        o.grace = Duration::try_from_secs_f64(g).map_err(|_| Error::InvalidArgument {
+            reason: format!("grace must be a finite number of seconds >= 0, not {g}"),
+        })?;
+    }
+    if let Some(r) = repack_below {
+        if !(0.0..=1.0).contains(&r) {
+            return Err(Error::InvalidArgument {
+                reason: format!("repack_below must be in [0, 1], not {r}"),
+            });
+        }
+        o.repack_below = r;
+    }
+    Ok(o)
+}

@@ -1,0 +1,344 @@
+"""Persistence from Python: save, open, refresh, gc and content addresses, with several
+stores (and processes) on one repository, and errors that change nothing."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import tensor_history as th
+from conftest import DTYPES, random_array, same
+
+
+def history(s: th.Store) -> dict:
+    """Everything a reopened store must bring back, keyed by content address."""
+    out = {"refs": {}, "versions": {}}
+    for name, kind, v in s.refs():
+        out["refs"][name] = (kind, s.version_hash(v))
+    for v in s.versions():
+        snap = s.snapshot(v)
+        out["versions"][s.version_hash(v)] = {
+            "message": snap.message,
+            "time": snap.time,
+            "metadata": s.metadata(v),
+            "parents": [s.version_hash(p) for p in s.parents(v)],
+            "arrays": {k: snap[k] for k in snap.keys()},
+        }
+    h = s.head()
+    out["head"] = s.version_hash(h) if h is not None else None
+    out["branch"] = s.current_branch()
+    return out
+
+
+def assert_same_history(a: dict, b: dict) -> None:
+    assert a["refs"] == b["refs"]
+    assert a["head"] == b["head"] and a["branch"] == b["branch"]
+    assert a["versions"].keys() == b["versions"].keys()
+    for h, va in a["versions"].items():
+        vb = b["versions"][h]
+        for k in ("message", "time", "metadata", "parents"):
+            assert va[k] == vb[k], (h, k)
+        assert va["arrays"].keys() == vb["arrays"].keys()
+        for k, arr in va["arrays"].items():
+            assert same(arr, vb["arrays"][k]), (h, k)
+
+
+def rich_store() -> th.Store:
+    """Every dtype, several chunk sizes, branches, tags, messages and metadata."""
+    rng = np.random.default_rng(7)
+    s = th.Store(chunk_bytes=256)
+    for i, dt in enumerate(DTYPES):
+        shape = [(), (0,), (37,), (9, 13), (3, 0, 2), (5, 4, 3)][i % 6]
+        s.insert(f"t{i}", random_array(rng, dt, shape))
+    s.insert("big", random_array(rng, np.dtype(np.float32), (64, 33)), chunk_bytes=1024)
+    v0 = s.commit("init: ünïcode message", step=0, lr=0.1, note="first", ok=True)
+    s.tag("start")
+    s.branch("side")
+    for step in range(1, 4):
+        big = s.get("big")
+        big[step] += 1
+        s.write("big", big)
+        s.commit(f"step {step}", step=step)
+    s.checkout("side")
+    s.write("t2", random_array(rng, s.get("t2").dtype, s.get("t2").shape))
+    s.commit("side change", loss=float("inf"))
+    s.merge("main", strategy="theirs")
+    s.tag("merged")
+    s.checkout("main")
+    assert s.resolve("start") == v0
+    return s
+
+
+def test_save_as_then_open_brings_back_every_version_ref_and_message(tmp_path):
+    s = rich_store()
+    before = history(s)
+    stats = s.save_as(tmp_path / "repo")
+    assert s.location is not None and Path(s.location) == tmp_path / "repo"
+    assert stats.versions_written == len(s.versions()) and stats.chunks_written > 0
+    # The saving store still answers the same after its chunks left the heap.
+    assert_same_history(before, history(s))
+    r = th.Store.open(tmp_path / "repo")
+    assert Path(r.location) == tmp_path / "repo"
+    assert_same_history(before, history(r))
+    assert not r.is_dirty() and r.current_branch() == "main"
+    for name in s.names():
+        assert same(r[name], s[name])
+    r.verify()
+
+
+def test_second_save_writes_only_new_chunks(tmp_path):
+    s = th.Store(chunk_bytes=1024)
+    s.insert("w", np.random.default_rng(0).random((64, 64), np.float32))
+    s.commit("a")
+    first = s.save_as(tmp_path)
+    assert first.chunks_written == 16
+    again = s.save()
+    assert again.versions_written == 0 and again.chunks_written == 0
+    w = s.get("w")
+    w[0, 0] = 1
+    s.write("w", w)
+    s.commit("b")
+    third = s.save()
+    assert third.versions_written == 1 and third.chunks_written == 1
+    assert third.chunks_present == 15
+    assert third.bytes_written < first.bytes_written / 4
+
+
+def test_uncommitted_changes_are_not_saved(tmp_path):
+    s = th.Store()
+    s.insert("w", np.arange(4.0))
+    s.commit("a")
+    s.write("w", np.zeros(4))
+    s.save_as(tmp_path)
+    r = th.Store.open(tmp_path)
+    assert same(r["w"], np.arange(4.0))
+    assert s.is_dirty() and same(s["w"], np.zeros(4))
+
+
+def test_content_address_is_the_same_in_a_child_process_and_resolves_by_prefix(tmp_path):
+    s = rich_store()
+    s.save_as(tmp_path)
+    head = s.head()
+    full = s.version_hash(head)
+    assert len(full) == 64 and int(full, 16) >= 0
+    assert s.resolve(full[:12]) == head
+    child = textwrap.dedent(
+        """
+        import json, sys
+        import numpy as np
+        import tensor_history as th
+        s = th.Store.open(sys.argv[1])
+        h = s.head()
+        out = {
+            "head": s.version_hash(h),
+            "branch": s.current_branch(),
+            "refs": sorted([n, k, s.version_hash(v)] for n, k, v in s.refs()),
+            "sums": {n: s[n].tobytes().hex() for n in s.names()},
+            "log": [[e.message, e.metadata] for e in s.log()],
+        }
+        s.verify()
+        # the child also saves a new version for the parent to pick up
+        big = s.get("big"); big[:] = 7; s.write("big", big)
+        out["child"] = s.version_hash(s.commit("from the child", pid=1))
+        s.save()
+        print(json.dumps(out))
+        """
+    )
+    res = subprocess.run([sys.executable, "-c", child, str(tmp_path)], capture_output=True,
+                         text=True, check=True)
+    got = json.loads(res.stdout)
+    assert got["head"] == full and got["branch"] == "main"
+    assert got["refs"] == sorted([n, k, s.version_hash(v)] for n, k, v in s.refs())
+    assert got["sums"] == {n: s[n].tobytes().hex() for n in s.names()}
+    assert got["log"] == [[e.message, e.metadata] for e in s.log()]
+    # the parent takes in the child's save
+    r = s.refresh()
+    assert r.versions_loaded == 1 and "main" in r.refs_updated and r.diverged == []
+    assert s.version_hash(s.head()) == got["child"]
+    assert (s["big"] == 7).all()
+    assert s.log()[0].metadata == {"pid": 1}
+
+
+def test_two_stores_on_one_repository_conflict_then_refresh_and_merge(tmp_path):
+    a = th.Store()
+    a.insert("w", np.zeros(8, np.float32))
+    a.insert("b", np.zeros(8, np.float32))
+    a.commit("base")
+    a.save_as(tmp_path)
+    b = th.Store.open(tmp_path)
+
+    w = a.get("w"); w[0] = 1; a.write("w", w)
+    va = a.commit("a's change")
+    a.save()
+
+    x = b.get("b"); x[7] = 2; b.write("b", x)
+    vb = b.commit("b's change")
+    head, versions = b.head(), b.versions()
+    with pytest.raises(th.Conflict) as e:
+        b.save()
+    assert e.value.branch == "main"
+    assert b.head() == head and b.versions() == versions and b.current_branch() == "main"
+    assert same(b["b"], x)
+    # the repository still has a's version on main
+    assert th.Store.open(tmp_path).version_hash("main") == a.version_hash(va)
+
+    r = b.refresh()
+    assert r.diverged == ["main"] and r.versions_loaded == 1
+    assert b.resolve("main") == vb
+    theirs = b.resolve(a.version_hash(va)[:16])
+    merged = b.merge(theirs)
+    assert same(b["w"], w) and same(b["b"], x)
+    b.save()
+    a.refresh()
+    assert a.version_hash("main") == b.version_hash(merged)
+    assert same(a["w"], w) and same(a["b"], x)
+
+
+def test_stores_on_different_branches_both_land(tmp_path):
+    a = th.Store()
+    a.insert("w", np.zeros(4))
+    a.commit("base")
+    a.save_as(tmp_path)
+    b = th.Store.open(tmp_path)
+    b.branch("exp"); b.checkout("exp")
+    b.write("w", np.ones(4)); b.commit("exp step")
+    a.write("w", np.full(4, 2.0)); a.commit("main step")
+    b.save()
+    a.save()
+    c = th.Store.open(tmp_path)
+    assert same(c.get("w", at="exp"), np.ones(4))
+    assert same(c.get("w", at="main"), np.full(4, 2.0))
+
+
+def test_save_without_repository_raises_and_changes_nothing():
+    s = th.Store()
+    s.insert("w", np.arange(3))
+    s.commit("a")
+    with pytest.raises(th.InvalidArgument):
+        s.save()
+    with pytest.raises(th.InvalidArgument):
+        s.refresh()
+    with pytest.raises(th.InvalidArgument):
+        s.gc()
+    assert s.location is None and len(s.versions()) == 1
+
+
+def test_save_as_into_a_file_raises_storage_error_and_keeps_the_old_location(tmp_path):
+    s = th.Store()
+    s.insert("w", np.arange(3))
+    s.commit("a")
+    s.save_as(tmp_path / "good")
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    with pytest.raises((th.StorageError, th.UnsupportedFormat)) as e:
+        s.save_as(blocker)
+    assert isinstance(e.value, (OSError, ValueError))
+    assert Path(s.location) == tmp_path / "good"
+    assert blocker.read_text() == "not a directory"
+    s.write("w", np.arange(3) + 1)
+    s.commit("b")
+    assert s.save().versions_written == 1
+
+
+def test_open_of_a_directory_that_is_not_a_repository_raises(tmp_path):
+    (tmp_path / "notes.txt").write_text("hello")
+    with pytest.raises(th.UnsupportedFormat) as e:
+        th.Store.open(tmp_path)
+    assert isinstance(e.value, ValueError) and e.value.path
+    assert (tmp_path / "notes.txt").read_text() == "hello"
+    # no repository file was written (the local backend may leave its empty tmp/ folder)
+    assert [p.name for p in tmp_path.rglob("*") if p.is_file()] == ["notes.txt"]
+
+
+def test_a_damaged_pack_raises_corrupt_object_naming_it(tmp_path):
+    s = th.Store(chunk_bytes=1024)
+    s.insert("w", np.random.default_rng(0).random((32, 32)))
+    s.commit("a")
+    s.save_as(tmp_path)
+    packs = [p for p in tmp_path.rglob("*") if p.is_file() and "pack" in str(p.relative_to(tmp_path))]
+    assert packs
+    for p in packs:
+        data = bytearray(p.read_bytes())
+        data[4096 + 100] ^= 0xFF  # inside the first chunk (chunks start at 4 KiB)
+        p.write_bytes(bytes(data))
+    r = th.Store.open(tmp_path)
+    with pytest.raises(th.Corrupt) as e:
+        r.get("w")
+    assert isinstance(e.value, th.CorruptObject) and e.value.path
+
+
+def test_gc_dry_run_deletes_nothing_and_gc_deletes_what_prune_dropped(tmp_path):
+    s = th.Store(chunk_bytes=1024)
+    w = np.zeros((64, 64), np.float32)
+    s.insert("w", w)
+    s.commit("v0")
+    for i in range(1, 5):
+        w = w + 1
+        s.write("w", w)
+        s.commit(f"v{i}")
+    s.save_as(tmp_path)
+    s.prune(keep_last=1, drop_unreachable=True)
+    s.save()
+    files = sorted(p for p in tmp_path.rglob("*") if p.is_file())
+    size = sum(p.stat().st_size for p in files)
+    dry = s.gc(grace=0, dry_run=True)
+    assert dry.objects_deleted > 0 and dry.versions_live >= 1
+    assert sorted(p for p in tmp_path.rglob("*") if p.is_file()) == files
+    real = s.gc(grace=0)
+    # the dry run counts objects it would delete, not the packs it would rewrite
+    assert real.objects_deleted >= dry.objects_deleted and real.bytes_deleted > 0
+    assert real.packs_rewritten == dry.packs_rewritten
+    assert sum(p.stat().st_size for p in tmp_path.rglob("*") if p.is_file()) < size
+    r = th.Store.open(tmp_path)
+    assert same(r["w"], w)
+    r.verify()
+
+
+@pytest.mark.parametrize("kw", [{"grace": -1.0}, {"grace": float("nan")}, {"repack_below": 1.5}])
+def test_gc_with_bad_options_raises_invalid_argument(tmp_path, kw):
+    s = th.Store()
+    s.insert("w", np.arange(3))
+    s.commit("a")
+    s.save_as(tmp_path)
+    files = sorted(p for p in tmp_path.rglob("*") if p.is_file())
+    with pytest.raises(th.InvalidArgument):
+        s.gc(**kw)
+    assert sorted(p for p in tmp_path.rglob("*") if p.is_file()) == files
+
+
+def test_a_short_prefix_matching_several_versions_is_ambiguous(tmp_path):
+    s = th.Store()
+    s.insert("w", np.zeros(1))
+    for i in range(1500):
+        s.write("w", np.full(1, float(i)))
+        s.commit(f"{i}")
+    s.save_as(tmp_path)
+    by_prefix: dict[str, list] = {}
+    for v in s.versions():
+        by_prefix.setdefault(s.version_hash(v)[:4], []).append(v)
+    clash = next(p for p, vs in by_prefix.items() if len(vs) > 1)
+    with pytest.raises(th.AmbiguousRef) as e:
+        s.resolve(clash)
+    assert isinstance(e.value, KeyError) and e.value.prefix == clash and e.value.matches >= 2
+    unique = next(p for p, vs in by_prefix.items() if len(vs) == 1)
+    assert s.resolve(unique) == by_prefix[unique][0]
+
+
+def test_safetensors_export_then_import_round_trips(tmp_path):
+    rng = np.random.default_rng(3)
+    s = th.Store()
+    arrays = {f"x{i}": random_array(rng, dt, (3, 5)) for i, dt in enumerate(DTYPES)}
+    for k, a in arrays.items():
+        s.insert(k, a)
+    s.commit("a")
+    s.export_safetensors(tmp_path / "m.safetensors")
+    t = th.Store()
+    assert t.import_safetensors(tmp_path / "m.safetensors") == sorted(arrays)
+    for k, a in arrays.items():
+        assert same(t[k], a)
