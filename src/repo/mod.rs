@@ -114,7 +114,16 @@ impl RepoChunks {
                 path,
                 format!("unreadable index; chunk {id} of `{wanted_by}` is in no readable index"),
             ),
-            None => corrupt(wanted_by, format!("chunk {id} is in no index")),
+            None => match open::unindexed_pack_holding(self, id) {
+                Some(pack) => corrupt(
+                    &pack,
+                    format!(
+                        "chunk {id} of `{wanted_by}` is in this pack, but no index lists the \
+                         pack (its index file is missing)"
+                    ),
+                ),
+                None => corrupt(wanted_by, format!("chunk {id} is in no index")),
+            },
         }
     }
 }

@@ -11,10 +11,12 @@ use serde::{Deserialize, Serialize};
 use super::backend::{is_not_found, Backend, PutOutcome};
 use super::format::{
     corrupt, id_of_key, manifest_key, parse_gc, parse_json, parse_manifest, parse_ref_key,
-    parse_version, to_json, version_key, ConfigJson, HeadJson, Manifest, PrunedJson, RefEntry,
-    VersionBody, CONFIG_KEY, FORMAT_NAME, FORMAT_VERSION, GC_PREFIX, HEAD_KEY, PRUNED_PREFIX,
-    REFS_PREFIX,
+    parse_version, ref_key, to_json, version_key, ConfigJson, HeadJson, Manifest, PackEntry,
+    PrunedJson, RefEntry, VersionBody, CONFIG_KEY, FORMAT_NAME, FORMAT_VERSION, GC_PREFIX,
+    HEADER_LEN, HEAD_KEY, PACKS_PREFIX, PACK_ALIGN, PACK_TAIL_LEN, PRUNED_PREFIX, REFS_PREFIX,
+    TRAILER_LEN,
 };
+use super::RepoChunks;
 use super::{open_path, Bound};
 use crate::config::Config;
 use crate::error::{Error, Result};
@@ -50,6 +52,19 @@ fn must_get(backend: &dyn Backend, key: &str) -> Result<super::backend::Bytes> {
     })
 }
 
+/// A ref log entry: `branch` or `tag` with a version, or `deleted` without one. Anything
+/// else is an error naming the entry (never a ref silently dropped).
+fn parse_ref_entry(key: &str, bytes: &[u8]) -> Result<RefEntry> {
+    let e: RefEntry = parse_json(key, bytes)?;
+    match (e.kind.as_str(), e.version.is_some()) {
+        ("branch" | "tag", true) | ("deleted", false) => Ok(e),
+        (kind, _) => Err(corrupt(
+            key,
+            format!("a ref entry of kind `{kind}` with the version field wrong or absent"),
+        )),
+    }
+}
+
 /// The latest entry of a ref's log, if it has one.
 pub(crate) fn read_ref_log(backend: &dyn Backend, name: &str) -> Result<Option<(u64, RefEntry)>> {
     let prefix = format!("{REFS_PREFIX}{}/", super::format::encode_ref_name(name));
@@ -62,7 +77,7 @@ pub(crate) fn read_ref_log(backend: &dyn Backend, name: &str) -> Result<Option<(
         None => Ok(None),
         Some((seq, key)) => {
             let bytes = must_get(backend, &key)?;
-            Ok(Some((seq, parse_json(&key, &bytes)?)))
+            Ok(Some((seq, parse_ref_entry(&key, &bytes)?)))
         }
     }
 }
@@ -81,7 +96,7 @@ fn read_refs(backend: &dyn Backend) -> Result<BTreeMap<String, (u64, RefEntry)>>
     let mut out = BTreeMap::new();
     for (name, (seq, key)) in latest {
         let bytes = must_get(backend, &key)?;
-        out.insert(name, (seq, parse_json(&key, &bytes)?));
+        out.insert(name, (seq, parse_ref_entry(&key, &bytes)?));
     }
     Ok(out)
 }
@@ -183,26 +198,49 @@ struct Loaded {
     vars: HashMap<ContentHash, Vars>,
 }
 
-/// Read every version reachable from `roots` that `b` does not hold yet, with its
-/// manifests, and check that every chunk is indexed. Changes nothing.
-fn read_versions(b: &Bound, roots: &[ContentHash]) -> Result<Loaded> {
+/// Read every version reachable from `roots` (each with the key of the file that names
+/// it: a ref log entry or HEAD) that `b` does not hold yet, with its manifests, and check
+/// that every chunk is indexed. A root whose version object is absent is an error naming
+/// the ref entry; a detached HEAD naming one is skipped (HEAD only says where to start).
+/// Changes nothing.
+fn read_versions(b: &Bound, roots: &[(ContentHash, String)]) -> Result<Loaded> {
     let backend = &*b.backend;
-    let root_set: HashSet<ContentHash> = roots.iter().copied().collect();
+    let mut named_by: HashMap<ContentHash, &str> = HashMap::new();
+    for (h, key) in roots {
+        named_by.entry(*h).or_insert(key);
+    }
     let mut bodies: HashMap<ContentHash, VersionBody> = HashMap::new();
     let mut visited = HashSet::new();
-    let mut stack: Vec<ContentHash> = roots.to_vec();
+    let mut stack: Vec<ContentHash> = roots.iter().map(|(h, _)| *h).collect();
     while let Some(h) = stack.pop() {
         if b.by_hash.contains_key(&h) || !visited.insert(h) {
             continue;
         }
-        if !root_set.contains(&h) {
+        let namer = named_by.get(&h).copied();
+        if namer.is_none() {
             if let Some(ps) = b.pruned.get(&h) {
                 stack.extend(ps.iter().copied());
                 continue;
             }
         }
         let key = version_key(&h);
-        let bytes = must_get(backend, &key)?;
+        let bytes = match (backend.get(&key), namer) {
+            (Ok(bytes), _) => bytes,
+            (Err(e), Some(HEAD_KEY)) if is_not_found(&e) => continue,
+            (Err(e), Some(namer)) if is_not_found(&e) => {
+                return Err(corrupt(
+                    namer,
+                    format!(
+                        "names version {h}, but `{key}` is missing (deleted, or this entry \
+                         is damaged)"
+                    ),
+                ))
+            }
+            (Err(e), _) if is_not_found(&e) => {
+                return Err(corrupt(&key, "missing (the repository refers to it)"))
+            }
+            (Err(e), _) => return Err(e),
+        };
         let body = parse_version(&key, &bytes, Some(&h))?;
         stack.extend(body.parents.iter().map(|p| ContentHash(*p)));
         bodies.insert(h, body);
@@ -316,6 +354,64 @@ fn tensor_of(b: &Bound, key: &str, m: &Manifest) -> Result<Tensor> {
     Ok(Tensor::from_parts(m.dtype, &m.shape, m.chunk_elems, chunks))
 }
 
+/// The key of a pack that holds chunk `id` although no index read lists the pack (its
+/// index file is missing), found from the packs' own footers. Used to name the file at
+/// fault in an error; reads only the tails of packs that no index lists.
+pub(crate) fn unindexed_pack_holding(chunks: &RepoChunks, id: &ContentHash) -> Option<String> {
+    let indexed: HashSet<ContentHash> = chunks
+        .index
+        .read()
+        .unwrap_or_else(|p| p.into_inner())
+        .values()
+        .map(|l| l.pack)
+        .collect();
+    let backend = &*chunks.backend;
+    let min = (PACK_ALIGN + PACK_TAIL_LEN) as u64;
+    for o in backend.list(PACKS_PREFIX).ok()? {
+        let Some(pack) = id_of_key(&o.key, "thpack") else {
+            continue;
+        };
+        if indexed.contains(&pack) || o.size < min {
+            continue;
+        }
+        let tail_start = o.size - PACK_TAIL_LEN as u64;
+        let Ok(tail) = backend.get_range(&o.key, tail_start..o.size) else {
+            continue;
+        };
+        let num = |at: usize| {
+            let mut n = [0u8; 8];
+            n.copy_from_slice(&tail[at..at + 8]);
+            u64::from_le_bytes(n)
+        };
+        let (off, len) = (num(0), num(8));
+        if tail.len() != PACK_TAIL_LEN
+            || off < PACK_ALIGN as u64
+            || off.checked_add(len) != Some(tail_start)
+        {
+            continue;
+        }
+        let (Ok(header), Ok(footer)) = (
+            backend.get_range(&o.key, 0..HEADER_LEN as u64),
+            backend.get_range(&o.key, off..o.size - TRAILER_LEN as u64),
+        ) else {
+            continue;
+        };
+        let mut hasher = blake3::Hasher::new();
+        hasher.update(&header);
+        hasher.update(&footer);
+        if hasher.finalize().as_bytes() != &tail[16..] || pack.as_bytes() != &tail[16..] {
+            continue;
+        }
+        let Ok(entries) = postcard::from_bytes::<Vec<PackEntry>>(&footer[..len as usize]) else {
+            continue;
+        };
+        if entries.iter().any(|e| e.id == id.0) {
+            return Some(o.key);
+        }
+    }
+    None
+}
+
 /// Put loaded versions into the history (ids as saved where free); returns how many.
 fn insert_versions(hist: &mut History, b: &mut Bound, mut loaded: Loaded) -> usize {
     let n = loaded.order.len();
@@ -368,20 +464,22 @@ fn to_ref(b: &Bound, e: &RefEntry) -> Option<Ref> {
     }
 }
 
+/// The versions the refs and a detached HEAD name, each with the key of the file that
+/// names it, except those `b` holds already.
 fn roots_of(
     b: &Bound,
     refs: &BTreeMap<String, (u64, RefEntry)>,
     head: Option<&HeadJson>,
-) -> Vec<ContentHash> {
-    let mut roots: Vec<ContentHash> = refs
-        .values()
-        .filter(|(_, e)| e.kind != "deleted")
-        .filter_map(|(_, e)| e.version)
+) -> Vec<(ContentHash, String)> {
+    let mut roots: Vec<(ContentHash, String)> = refs
+        .iter()
+        .filter(|(_, (_, e))| e.kind != "deleted")
+        .filter_map(|(name, (seq, e))| Some((e.version?, ref_key(name, *seq))))
         .collect();
     if let Some(HeadJson::Detached(h)) = head {
-        roots.push(*h);
+        roots.push((*h, HEAD_KEY.to_owned()));
     }
-    roots.retain(|h| !b.by_hash.contains_key(h));
+    roots.retain(|(h, _)| !b.by_hash.contains_key(h));
     roots
 }
 
