@@ -1,7 +1,8 @@
 //! One suite of behaviours every storage backend keeps (the contract in
 //! `tensor_history::Backend`'s docs), run on each backend this build has: memory, a local
-//! directory, and with feature `s3` an object store in memory behind
-//! `ObjectStoreBackend` and a real S3 server when one is configured.
+//! directory and the power-loss simulator in every build (plain `cargo test`), and with
+//! feature `s3` an object store in memory behind `ObjectStoreBackend` and a real S3
+//! server when one is configured.
 //!
 //! S3 runs need `TH_S3_BUCKET` and the `AWS_*` variables (`.ci/s3-server.sh` sets them).
 //! With `TH_S3_REQUIRED=1` (set by `.ci/run`) a missing server fails the tests instead of
@@ -33,7 +34,10 @@ fn data(len: usize, seed: u8) -> Vec<u8> {
 /// Run `check` on every backend of this build, naming the backend on failure.
 fn on_every_backend(check: impl Fn(&dyn Backend)) {
     let (backends, _dir) = common::backends();
-    assert!(!backends.is_empty(), "no backend to test");
+    let names: Vec<&str> = backends.iter().map(|(n, _)| *n).collect();
+    for always in ["memory", "local directory", "power-loss simulator"] {
+        assert!(names.contains(&always), "{always} is not tested: {names:?}");
+    }
     for (name, b) in backends {
         eprintln!("backend: {name} at {}", b.location());
         check(b.as_ref());

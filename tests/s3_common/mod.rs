@@ -57,6 +57,10 @@ pub fn backends() -> (Named, tempfile::TempDir) {
         "local directory",
         Arc::new(tensor_history::LocalDir::new(dir.path().join("repo")).expect("LocalDir")),
     ));
+    out.push((
+        "power-loss simulator",
+        Arc::new(tensor_history::SimBackend::new()),
+    ));
     #[cfg(feature = "s3")]
     {
         use tensor_history::{ObjectStoreBackend, ObjectStoreOptions};
