@@ -307,8 +307,23 @@ impl Pool {
     }
 
     pub(crate) fn pooled_bytes(&self) -> usize {
-        let n = self.free.lock().map(|f| f.len()).unwrap_or(0);
-        n.saturating_mul(self.buffer_bytes())
+        self.buffers().saturating_mul(self.buffer_bytes())
+    }
+
+    /// Number of pooled buffers.
+    pub(crate) fn buffers(&self) -> usize {
+        self.free.lock().map(|f| f.len()).unwrap_or(0)
+    }
+
+    /// Drop pooled buffers beyond the first `keep`, returning their memory to the
+    /// allocator (buffers freed by a save's eviction leave the process, not the pool).
+    pub(crate) fn truncate(&self, keep: usize) {
+        if let Ok(mut free) = self.free.lock() {
+            if free.len() > keep {
+                free.truncate(keep);
+                free.shrink_to_fit();
+            }
+        }
     }
 
     /// Drop every pooled buffer, returning its memory to the allocator.

@@ -82,6 +82,11 @@ impl Store {
         self.pool.as_ref().map_or(0, |p| p.pooled_bytes())
     }
 
+    /// The buffer pool, if this store recycles buffers.
+    pub(crate) fn pool(&self) -> Option<&Pool> {
+        self.pool.as_deref()
+    }
+
     /// Return the pooled buffers' memory to the allocator (for example after pruning a
     /// large history). Later copy-on-write writes refill the pool. O(pooled buffers).
     pub fn release_pooled(&mut self) {

@@ -392,6 +392,35 @@ fn after_save_the_heap_holds_about_the_working_state_and_old_versions_still_read
 }
 
 #[test]
+fn after_save_evicted_buffers_leave_the_pool_too_and_the_pool_keeps_what_it_held() {
+    let mut s = small_store();
+    s.insert("w", &ramp(&[64, 16], 0.0)).unwrap();
+    s.commit("v0").unwrap();
+    for i in 1..8 {
+        s.update_map::<f32>("w", |x| x + i as f32).unwrap();
+        s.commit(&format!("dense {i}")).unwrap();
+    }
+    // A change thrown away puts its buffers into the pool: they serve the working state.
+    s.update_map::<f32>("w", |x| x * 2.0).unwrap();
+    s.discard().unwrap();
+    let model = 64 * 16 * 4;
+    let before = s.stats();
+    assert_eq!(before.pooled_bytes, model, "{before:?}");
+    assert_eq!(before.heap_bytes, 8 * model);
+    s.save_to(Arc::new(MemoryBackend::new())).unwrap();
+    let after = s.stats();
+    // The 7 versions' buffers are freed, not pooled: heap and pool hold the working
+    // state and what the pool held before.
+    assert_eq!(after.heap_bytes, model, "{after:?}");
+    assert_eq!(after.pooled_bytes, model, "{after:?}");
+    assert_eq!(after.stored_bytes, 7 * model);
+    // The pooled buffers still serve copy-on-write after the save.
+    s.update_map::<f32>("w", |x| x + 1.0).unwrap();
+    assert_eq!(s.stats().pooled_bytes, 0);
+    assert_eq!(s.get::<f32>("w").unwrap()[[0, 0]], 29.0);
+}
+
+#[test]
 fn gc_after_prune_and_save_shrinks_the_repository() {
     let mem = MemoryBackend::new();
     let size = |m: &MemoryBackend| -> u64 { m.list("").unwrap().iter().map(|o| o.size).sum() };

@@ -15,7 +15,7 @@ use super::format::{
     PackEntry, PrunedJson, RefEntry, VersionBody, HEAD_KEY, PACK_ALIGN,
 };
 use super::{open_path, Bound, Loc};
-use crate::chunk::Chunk;
+use crate::chunk::{Chunk, Pool};
 use crate::error::{Error, Result};
 use crate::hash::ContentHash;
 use crate::history::{Head, History, Ref, VersionId};
@@ -303,8 +303,18 @@ impl Store {
         known.get(&id).copied().ok_or(Error::UnknownVersion { id })
     }
 
-    /// Replace heap chunks held only by saved versions with stored chunks.
+    /// Replace heap chunks held only by saved versions with stored chunks. Their buffers
+    /// leave the process: the pool is cut back to what it held before, so that the heap
+    /// and the pool together hold about the working state after a save.
     fn evict(&mut self, b: &Bound) {
+        let pooled_before = self.pool().map(Pool::buffers);
+        self.evict_chunks(b);
+        if let (Some(pool), Some(keep)) = (self.pool(), pooled_before) {
+            pool.truncate(keep);
+        }
+    }
+
+    fn evict_chunks(&mut self, b: &Bound) {
         let working: HashSet<usize> = self
             .working
             .values()
