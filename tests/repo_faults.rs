@@ -84,6 +84,42 @@ fn check_survivor(sim: &SimBackend, seed: u64, old: &Fingerprint, new: &Fingerpr
         let saved = old.versions.get(v).or(new.versions.get(v));
         assert_eq!(saved, Some(content), "{what}: version {v}");
     }
+    // Refs still as before the call reach every version they reached then: none is
+    // hidden by a prune marker, and gc deletes none of them.
+    let old_refs = f.refs == old.refs && old.refs != new.refs;
+    let hidden = |f: &Fingerprint| -> Vec<ContentHash> {
+        old.versions
+            .keys()
+            .filter(|v| !f.versions.contains_key(v))
+            .copied()
+            .collect()
+    };
+    if old_refs {
+        assert_eq!(
+            hidden(&f),
+            [],
+            "{what}: versions the old refs reach are hidden"
+        );
+    }
+    let mut r = r;
+    r.gc_with(&GcOptions::immediate())
+        .unwrap_or_else(|e| panic!("{what}: gc of the survivor failed: {e}"));
+    let after_gc = fingerprint(&reopen_backend(r.backend().unwrap(), what));
+    if old_refs {
+        assert_eq!(
+            hidden(&after_gc),
+            [],
+            "{what}: gc deleted versions the old refs reach"
+        );
+    }
+}
+
+fn reopen_backend(b: Arc<dyn Backend>, what: &str) -> Store {
+    let r = Store::open_backend(b, config())
+        .unwrap_or_else(|e| panic!("{what}: reopen after gc failed: {e}"));
+    r.verify()
+        .unwrap_or_else(|e| panic!("{what}: verify after gc failed: {e}"));
+    r
 }
 
 /// Run `prepare` then `act` on a fresh simulated disk with a crash at every operation
@@ -187,6 +223,27 @@ fn power_loss_during_a_save_after_prune_leaves_the_previous_or_the_new_save() {
             s.save().unwrap();
             s.prune(&Retention::keep_last(2)).unwrap();
             s.delete_tag("t0").unwrap();
+            s
+        },
+        |s, _| s.save().map(|_| ()),
+    );
+}
+
+#[test]
+fn power_loss_between_moved_refs_and_prune_markers_hides_no_version_the_old_refs_reach() {
+    crash_everywhere(
+        "save after prune and a commit",
+        |sim| {
+            let mut s = saved_store(sim);
+            for i in 0..4 {
+                s.update::<f32>("w", |_, xs| xs[1] = i as f32).unwrap();
+                s.commit(&format!("more {i}")).unwrap();
+            }
+            s.save().unwrap();
+            s.delete_tag("t0").unwrap();
+            s.prune(&Retention::keep_last(1)).unwrap();
+            s.update::<f32>("w", |_, xs| xs[2] = -2.0).unwrap();
+            s.commit("after prune").unwrap();
             s
         },
         |s, _| s.save().map(|_| ()),

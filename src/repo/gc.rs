@@ -313,6 +313,16 @@ fn gc_into(b: &mut Bound, options: &GcOptions) -> Result<GcStats> {
                     },
                 ));
             }
+            // The new pack serves its chunks: it is no candidate for deletion, even if
+            // a crashed earlier run left a pack of the same id (and so the same
+            // content) that the listing above saw unindexed.
+            pack_chunks.insert(
+                new_pack,
+                entries
+                    .iter()
+                    .map(|e| (ContentHash(e.id), e.offset, e.len))
+                    .collect(),
+            );
             index.packs.push(IndexPack {
                 pack: new_pack.0,
                 chunks: entries,

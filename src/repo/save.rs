@@ -203,7 +203,7 @@ impl Store {
     /// lacks, then move the refs and HEAD. Only chunks the repository lacks are written
     /// (a second save with nothing new writes no chunk); uncommitted changes are not
     /// saved. Order: packs, index, manifests, versions, barrier (fsync), refs
-    /// (create-if-absent), HEAD. A crash at any point leaves the previous save readable.
+    /// (create-if-absent), then prune markers and HEAD, barrier. A crash at any point leaves the previous save readable.
     /// Afterwards, chunks held only by saved versions (not by the working state) leave the
     /// heap: they are read back from the repository when used.
     ///
@@ -455,20 +455,6 @@ fn save_into(hist: &History, b: &mut Bound) -> Result<Saved> {
         new_parents.push((*v, id, parents));
     }
 
-    // Prune markers for saved versions that were pruned since.
-    let mut markers = Vec::new();
-    for (id, h) in &b.saved {
-        if hist.node(*id).is_err() && !b.pruned.contains_key(h) {
-            let parents = b.parents_of.get(h).cloned().unwrap_or_default();
-            let bytes = to_json(&PrunedJson {
-                parents: parents.clone(),
-            });
-            backend.put(&pruned_key(h), &bytes)?;
-            stats.bytes_written += bytes.len() as u64;
-            markers.push((*h, parents));
-        }
-    }
-
     backend.barrier()?;
 
     // Everything above is durable: record it.
@@ -493,9 +479,6 @@ fn save_into(hist: &History, b: &mut Bound) -> Result<Saved> {
     b.manifests.extend(manifests_new);
     for (v, h, parents) in new_parents {
         b.record_version(v, h, parents);
-    }
-    for (h, parents) in markers {
-        b.pruned.insert(h, parents);
     }
 
     // Refs: one create-if-absent log entry per ref that changed.
@@ -546,20 +529,45 @@ fn save_into(hist: &History, b: &mut Bound) -> Result<Saved> {
         }
     }
 
+    // Prune markers, only once every ref is at its new state: a marker makes readers and
+    // gc pass through a version, so it must not exist while a ref still reaches that
+    // version through its children (the previous save's refs). After a conflict the
+    // other process's refs may still reach it: the markers wait for a later save.
+    let mut markers = Vec::new();
+    if conflicts.is_empty() {
+        for (id, h) in &b.saved {
+            if hist.node(*id).is_err() && !b.pruned.contains_key(h) {
+                let parents = b.parents_of.get(h).cloned().unwrap_or_default();
+                let bytes = to_json(&PrunedJson {
+                    parents: parents.clone(),
+                });
+                backend.put(&pruned_key(h), &bytes)?;
+                stats.bytes_written += bytes.len() as u64;
+                markers.push((*h, parents));
+            }
+        }
+    }
+
     // HEAD.
     let head = match &hist.head {
         Head::Branch(name) => Some(HeadJson::Branch(name.clone())),
         Head::Detached(v) => hash_of(*v).map(HeadJson::Detached),
     };
     let head_conflicts = matches!(&head, Some(HeadJson::Branch(n)) if conflicts.contains(n));
-    if let Some(head) = head {
-        if b.head_seen.as_ref() != Some(&head) && !head_conflicts {
-            let body = to_json(&head);
-            backend.put(HEAD_KEY, &body)?;
-            backend.barrier()?;
-            stats.bytes_written += body.len() as u64;
-            b.head_seen = Some(head);
-        }
+    let head = head.filter(|h| b.head_seen.as_ref() != Some(h) && !head_conflicts);
+    if let Some(head) = &head {
+        let body = to_json(head);
+        backend.put(HEAD_KEY, &body)?;
+        stats.bytes_written += body.len() as u64;
+    }
+    if head.is_some() || !markers.is_empty() {
+        backend.barrier()?;
+    }
+    if head.is_some() {
+        b.head_seen = head;
+    }
+    for (h, parents) in markers {
+        b.pruned.insert(h, parents);
     }
     Ok(Saved { stats, conflicts })
 }
