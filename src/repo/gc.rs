@@ -189,8 +189,8 @@ impl Store {
     /// `save`, the repository shrinks), without locks:
     ///
     /// 1. Mark everything the latest saved refs and HEAD reach.
-    /// 2. Rewrite packs whose live bytes are below `repack_below`: new pack, new index,
-    ///    barrier; the old pack is then unreferenced.
+    /// 2. Rewrite packs whose live bytes are below `repack_below`: new pack, barrier, new
+    ///    index, barrier; the old pack is then unreferenced.
     /// 3. Record every unreferenced object in a gc record (saves from then on write those
     ///    chunks again instead of reusing them).
     /// 4. Delete the objects of records at least `grace` old that are still unreferenced
@@ -329,6 +329,8 @@ fn gc_into(b: &mut Bound, options: &GcOptions) -> Result<GcStats> {
             });
             stats.packs_rewritten += 1;
         }
+        // The new packs are durable before an index names them.
+        backend.barrier()?;
         let (bytes, id) = encode(Kind::Index, &index);
         backend.put(&index_key(&id), &bytes)?;
         backend.barrier()?;

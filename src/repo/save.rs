@@ -202,7 +202,7 @@ impl Store {
     /// Write every version reachable from a branch, a tag or HEAD that the repository
     /// lacks, then move the refs and HEAD. Only chunks the repository lacks are written
     /// (a second save with nothing new writes no chunk); uncommitted changes are not
-    /// saved. Order: packs, index, manifests, versions, barrier (fsync), refs
+    /// saved. Order: packs, barrier, index, manifests, versions, barrier (fsync), refs
     /// (create-if-absent), then prune markers and HEAD, barrier. A crash at any point leaves the previous save readable.
     /// Afterwards, chunks held only by saved versions (not by the working state) leave the
     /// heap: they are read back from the repository when used.
@@ -418,6 +418,9 @@ fn save_into(hist: &History, b: &mut Bound) -> Result<Saved> {
     }
     let mut index_id = None;
     if !index.packs.is_empty() {
+        // The packs are durable before an index names them: readers (and later saves)
+        // trust the index, and skip writing a chunk it lists.
+        backend.barrier()?;
         let (bytes, id) = encode(Kind::Index, &index);
         backend.put(&index_key(&id), &bytes)?;
         stats.bytes_written += bytes.len() as u64;
