@@ -342,3 +342,45 @@ def test_safetensors_export_then_import_round_trips(tmp_path):
     assert t.import_safetensors(tmp_path / "m.safetensors") == sorted(arrays)
     for k, a in arrays.items():
         assert same(t[k], a)
+
+
+def test_saving_from_one_thread_while_another_commits_loses_nothing(tmp_path):
+    import threading
+
+    s = th.Store(chunk_bytes=512)
+    s.insert("w", np.zeros(1024, np.float32))
+    s.commit("base")
+    s.save_as(tmp_path)
+    errors: list = []
+    done = threading.Event()
+
+    def writer():
+        try:
+            for i in range(60):
+                w = s.get("w")
+                w[(i * 37) % 1024] = i + 1
+                s.write("w", w)
+                s.commit(f"step {i}", step=i)
+        except Exception as e:  # pragma: no cover - reported below
+            errors.append(e)
+        finally:
+            done.set()
+
+    def saver():
+        try:
+            while not done.is_set():
+                s.save()
+        except Exception as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=writer), threading.Thread(target=saver)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads) and errors == []
+    s.save()
+    r = th.Store.open(tmp_path)
+    assert len(r.log()) == 61 and r.log()[0].metadata == {"step": 59}
+    assert same(r["w"], s["w"])
+    r.verify()
