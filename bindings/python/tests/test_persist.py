@@ -322,6 +322,8 @@ def test_a_short_prefix_matching_several_versions_is_ambiguous(tmp_path):
     by_prefix: dict[str, list] = {}
     for v in s.versions():
         by_prefix.setdefault(s.version_hash(v)[:4], []).append(v)
+    # all-digit text names a version id first (`1103` is v1103): use prefixes with a letter
+    by_prefix = {p: vs for p, vs in by_prefix.items() if not p.isdigit()}
     clash = next(p for p, vs in by_prefix.items() if len(vs) > 1)
     with pytest.raises(th.AmbiguousRef) as e:
         s.resolve(clash)
