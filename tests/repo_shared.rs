@@ -4,7 +4,7 @@
 
 mod common;
 
-use tensor_history::{Config, Error, MergeStrategy, Store};
+use tensor_history::{Config, Error, GcOptions, MergeStrategy, Store};
 
 use common::{ramp, CHUNK_BYTES};
 
@@ -170,4 +170,81 @@ fn ref_log_entries_are_create_if_absent_files() {
         names,
         ["00000000000000000000.json", "00000000000000000001.json"]
     );
+}
+
+#[test]
+fn a_save_writes_again_what_another_stores_gc_recorded_since_it_opened() {
+    let dir = shared_repo();
+    let mut a = open(&dir);
+    a.branch("exp", a.head().unwrap()).unwrap();
+    a.checkout("exp").unwrap();
+    bump(&mut a, 3);
+    let e1 = a.commit("exp 1").unwrap();
+    a.save().unwrap();
+    // Another store deletes the branch and records what only it reached.
+    let mut b = open(&dir);
+    b.checkout("main").unwrap();
+    b.delete_branch("exp").unwrap();
+    b.save().unwrap();
+    let gc = b.gc().unwrap();
+    assert!(gc.candidates_recorded > 0, "{gc:?}");
+    // The first store still holds exp 1 and builds on it: the recorded version, its
+    // manifests and its chunks are written again, not reused.
+    a.branch("exp2", e1).unwrap();
+    a.checkout("exp2").unwrap();
+    a.insert("b", &ramp(&[4], 42.0)).unwrap();
+    a.commit("exp 2").unwrap();
+    let saved = a.save().unwrap();
+    assert_eq!(saved.versions_written, 2, "{saved:?}");
+    assert!(saved.chunks_written > 1, "{saved:?}");
+    assert!(saved.manifests_written >= 2, "{saved:?}");
+    // A gc that deletes at once what is still unreferenced keeps all of it.
+    b.refresh().unwrap();
+    b.gc_with(&GcOptions::immediate()).unwrap();
+    let c = open(&dir);
+    c.verify().unwrap();
+    let tip = c.resolve("exp2").unwrap();
+    assert_eq!(
+        c.snapshot(tip).unwrap().get::<f32>("b").unwrap(),
+        ramp(&[4], 42.0)
+    );
+}
+
+#[test]
+fn a_save_after_another_stores_gc_deleted_packs_writes_the_chunks_again() {
+    let dir = shared_repo();
+    let mut a = open(&dir);
+    let base = a.get::<f32>("w").unwrap();
+    a.branch("exp", a.head().unwrap()).unwrap();
+    a.checkout("exp").unwrap();
+    bump(&mut a, 3);
+    a.commit("exp 1").unwrap();
+    a.save().unwrap();
+    let changed = a.get::<f32>("w").unwrap();
+    // Another store deletes the branch and its data at once.
+    let mut b = open(&dir);
+    b.checkout("main").unwrap();
+    b.delete_branch("exp").unwrap();
+    b.save().unwrap();
+    let gc = b.gc_with(&GcOptions::immediate()).unwrap();
+    assert!(gc.bytes_deleted > 0, "{gc:?}");
+    // The first store commits the same contents on a new branch from main: the chunks
+    // its index listed in the deleted pack are written again.
+    a.checkout("main").unwrap();
+    a.branch("again", a.head().unwrap()).unwrap();
+    a.checkout("again").unwrap();
+    a.update::<f32>("w", |off, xs| {
+        for (i, x) in xs.iter_mut().enumerate() {
+            *x = changed.as_slice().unwrap()[off + i];
+        }
+    })
+    .unwrap();
+    assert_ne!(a.get::<f32>("w").unwrap(), base);
+    a.commit("again").unwrap();
+    let saved = a.save().unwrap();
+    assert!(saved.chunks_written > 0, "{saved:?}");
+    let c = open(&dir);
+    c.verify().unwrap();
+    let tip = c.resolve("again").unwrap();
+    assert_eq!(c.snapshot(tip).unwrap().get::<f32>("w").unwrap(), changed);
 }

@@ -331,7 +331,7 @@ fn gc_into(b: &mut Bound, options: &GcOptions) -> Result<GcStats> {
         }
         // The new packs are durable before an index names them.
         backend.barrier()?;
-        let (bytes, id) = encode(Kind::Index, &index);
+        let (bytes, id) = b.chunks.encode_index(&mut index);
         backend.put(&index_key(&id), &bytes)?;
         backend.barrier()?;
         b.chunks.note_index(Some(id));

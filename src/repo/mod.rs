@@ -83,6 +83,8 @@ pub(crate) struct RepoChunks {
     indexes: Mutex<HashSet<ContentHash>>,
     /// Index files that failed their checksum (left by an interrupted save, or damaged).
     pub(crate) bad_indexes: Mutex<Vec<String>>,
+    /// Index ids that some index read supersedes.
+    superseded: Mutex<HashSet<ContentHash>>,
 }
 
 impl fmt::Debug for RepoChunks {
@@ -129,6 +131,23 @@ impl RepoChunks {
 }
 
 impl RepoChunks {
+    /// Encode index `body` so that its id is not one that an index in the repository
+    /// supersedes (readers would skip it): an index of the same content as a superseded
+    /// one (a save writing chunks again into the same pack a gc deleted) also supersedes
+    /// an id that names no index, derived from the superseded one.
+    pub(crate) fn encode_index(&self, body: &mut format::IndexBody) -> (Vec<u8>, ContentHash) {
+        let superseded = self.superseded.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            let (bytes, id) = format::encode(format::Kind::Index, &*body);
+            if !superseded.contains(&id) {
+                return (bytes, id);
+            }
+            let mut salt = b"tensor-history index salt".to_vec();
+            salt.extend_from_slice(&id.0);
+            body.supersedes.push(ContentHash::of_bytes(&salt).0);
+        }
+    }
+
     /// Remember that index file `id` (written by this store) is in `index`.
     pub(crate) fn note_index(&self, id: Option<ContentHash>) {
         self.indexes
@@ -138,8 +157,9 @@ impl RepoChunks {
     }
 
     /// Read the index files not read yet; with `all`, forget everything and read every
-    /// index file again (after gc rewrote packs).
-    pub(crate) fn read_indexes(&self, all: bool) -> Result<()> {
+    /// index file again (after gc rewrote packs). Returns whether everything was read
+    /// again because a gc replaced an index read before (so it deleted objects).
+    pub(crate) fn read_indexes(&self, all: bool) -> Result<bool> {
         let known: HashSet<ContentHash> = if all {
             HashSet::new()
         } else {
@@ -149,7 +169,7 @@ impl RepoChunks {
                 .clone()
         };
         let mut fresh = Vec::new();
-        let mut superseded = HashSet::new();
+        let mut superseded: HashSet<ContentHash> = HashSet::new();
         let mut bad = Vec::new();
         for o in self.backend.list(format::INDEX_PREFIX)? {
             let Some(id) = format::id_of_key(&o.key, "thidx") else {
@@ -174,6 +194,15 @@ impl RepoChunks {
                 Err(e) => return Err(e),
             }
         }
+        if !all && superseded.iter().any(|h| known.contains(h)) {
+            // gc replaced an index this store read (its packs may be gone): start over.
+            self.read_indexes(true)?;
+            return Ok(true);
+        }
+        self.superseded
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .extend(superseded.iter().copied());
         let mut idx = self.index.write().unwrap_or_else(|p| p.into_inner());
         let mut indexes = self.indexes.lock().unwrap_or_else(|p| p.into_inner());
         if all {
@@ -199,7 +228,7 @@ impl RepoChunks {
                 }
             }
         }
-        Ok(())
+        Ok(all)
     }
 
     fn load_once(&self, id: &ContentHash, len: usize) -> Result<Bytes> {
@@ -284,6 +313,12 @@ pub(crate) struct Bound {
     pub(crate) head_seen: Option<HeadJson>,
     /// Chunks recorded as gc candidates: a save writes them again rather than reuse them.
     pub(crate) gc_candidates: HashSet<ContentHash>,
+    /// Objects (keys) recorded by gc records: a save writes them again rather than reuse
+    /// them.
+    pub(crate) gc_keys: HashSet<String>,
+    /// Version objects this store saved or loaded that a gc has deleted since: a save
+    /// that needs them writes them again.
+    pub(crate) gone: HashSet<String>,
     /// Stored chunks handed out, so that each is one shared handle.
     stored: Mutex<HashMap<ContentHash, WeakChunk>>,
 }
@@ -306,6 +341,7 @@ impl Bound {
                 index: RwLock::new(HashMap::new()),
                 indexes: Mutex::new(HashSet::new()),
                 bad_indexes: Mutex::new(Vec::new()),
+                superseded: Mutex::new(HashSet::new()),
             }),
             backend,
             saved: HashMap::new(),
@@ -316,6 +352,8 @@ impl Bound {
             refs_seen: BTreeMap::new(),
             head_seen: None,
             gc_candidates: HashSet::new(),
+            gc_keys: HashSet::new(),
+            gone: HashSet::new(),
             stored: Mutex::new(HashMap::new()),
         }
     }

@@ -13,8 +13,8 @@ use super::format::{
     corrupt, id_of_key, manifest_key, parse_gc, parse_json, parse_manifest, parse_ref_key,
     parse_version, ref_key, to_json, version_key, ConfigJson, HeadJson, Manifest, PackEntry,
     PrunedJson, RefEntry, VersionBody, CONFIG_KEY, FORMAT_NAME, FORMAT_VERSION, GC_PREFIX,
-    HEADER_LEN, HEAD_KEY, PACKS_PREFIX, PACK_ALIGN, PACK_TAIL_LEN, PRUNED_PREFIX, REFS_PREFIX,
-    TRAILER_LEN,
+    HEADER_LEN, HEAD_KEY, MANIFESTS_PREFIX, PACKS_PREFIX, PACK_ALIGN, PACK_TAIL_LEN, PRUNED_PREFIX,
+    REFS_PREFIX, TRAILER_LEN, VERSIONS_PREFIX,
 };
 use super::RepoChunks;
 use super::{open_path, Bound};
@@ -152,9 +152,31 @@ impl Bound {
         Ok(b)
     }
 
-    /// Read the index files not read yet.
-    pub(crate) fn read_indexes(&mut self) -> Result<()> {
+    /// Read the index files not read yet; whether a gc deleted objects since (see
+    /// [`RepoChunks::read_indexes`](super::RepoChunks::read_indexes)).
+    pub(crate) fn read_indexes(&mut self) -> Result<bool> {
         self.chunks.read_indexes(false)
+    }
+
+    /// After a gc deleted objects: forget the manifests and versions it took, so that a
+    /// save writes them again when it needs them.
+    pub(crate) fn forget_deleted(&mut self) -> Result<()> {
+        let present: HashSet<String> = self
+            .backend
+            .list(MANIFESTS_PREFIX)?
+            .into_iter()
+            .chain(self.backend.list(VERSIONS_PREFIX)?)
+            .map(|o| o.key)
+            .collect();
+        self.manifests
+            .retain(|m| present.contains(&manifest_key(m)));
+        for h in self.saved.values() {
+            let key = version_key(h);
+            if !present.contains(&key) {
+                self.gone.insert(key);
+            }
+        }
+        Ok(())
     }
 
     /// Read prune markers and gc records not read yet.
@@ -175,6 +197,7 @@ impl Bound {
             }
         }
         self.gc_candidates.clear();
+        self.gc_keys.clear();
         for o in self.backend.list(GC_PREFIX)? {
             let Some(id) = id_of_key(&o.key, "thgc") else {
                 continue;
@@ -183,6 +206,7 @@ impl Bound {
                 if let Ok(rec) = parse_gc(&o.key, &bytes, Some(&id)) {
                     self.gc_candidates
                         .extend(rec.chunks.iter().map(|h| ContentHash(*h)));
+                    self.gc_keys.extend(rec.keys);
                 }
             }
         }
@@ -604,7 +628,9 @@ fn pick_head(hist: &History, b: &Bound) -> Head {
 }
 
 fn refresh_into(store: &mut Store, b: &mut Bound) -> Result<RefreshStats> {
-    b.read_indexes()?;
+    if b.read_indexes()? {
+        b.forget_deleted()?;
+    }
     b.read_markers()?;
     let refs = read_refs(&*b.backend)?;
     let changed: BTreeMap<String, (u64, RefEntry)> = refs

@@ -74,14 +74,28 @@ fn hash_chunks(chunks: &[&Chunk]) {
     }
 }
 
-/// Versions reachable from the refs and HEAD that `known` lacks, oldest first.
-fn unsaved(hist: &History, known: &HashMap<VersionId, ContentHash>) -> Result<Vec<VersionId>> {
+/// Versions reachable from the refs and HEAD that `known` lacks or whose object a gc
+/// record lists (`recorded`: they are written again, so that gc keeps them), oldest
+/// first.
+fn unsaved_or_recorded(
+    hist: &History,
+    known: &HashMap<VersionId, ContentHash>,
+    recorded: &HashSet<String>,
+) -> Result<Vec<VersionId>> {
     let mut stack: Vec<VersionId> = hist.refs.values().map(|r| r.target()).collect();
     stack.extend(hist.head_id());
     let mut todo = BTreeSet::new();
+    let mut seen = HashSet::new();
     while let Some(v) = stack.pop() {
-        if known.contains_key(&v) || !todo.insert(v) {
+        if !seen.insert(v) {
             continue;
+        }
+        match known.get(&v) {
+            Some(_) if recorded.is_empty() => continue,
+            Some(h) if !recorded.contains(&version_key(h)) => {}
+            _ => {
+                todo.insert(v);
+            }
         }
         stack.extend(hist.node(v)?.parents.iter().copied());
     }
@@ -366,7 +380,16 @@ impl Store {
 fn save_into(hist: &History, b: &mut Bound) -> Result<Saved> {
     let backend = b.backend.clone();
     let mut stats = SaveStats::default();
-    let todo = unsaved(hist, &b.saved)?;
+    // What other processes wrote since: index files (a gc may have replaced some) and gc
+    // records. Objects a record lists are written again rather than reused, so that a
+    // gc that recorded them before this save started never deletes them under it.
+    if b.read_indexes()? {
+        b.forget_deleted()?;
+    }
+    b.read_markers()?;
+    let mut redo = b.gc_keys.clone();
+    redo.extend(b.gone.iter().cloned());
+    let todo = unsaved_or_recorded(hist, &b.saved, &redo)?;
 
     // Chunks of the new versions: hash (parallel), then keep those the repository lacks.
     let mut seen = HashSet::new();
@@ -421,7 +444,7 @@ fn save_into(hist: &History, b: &mut Bound) -> Result<Saved> {
         // The packs are durable before an index names them: readers (and later saves)
         // trust the index, and skip writing a chunk it lists.
         backend.barrier()?;
-        let (bytes, id) = encode(Kind::Index, &index);
+        let (bytes, id) = b.chunks.encode_index(&mut index);
         backend.put(&index_key(&id), &bytes)?;
         stats.bytes_written += bytes.len() as u64;
         index_id = Some(id);
@@ -435,7 +458,9 @@ fn save_into(hist: &History, b: &mut Bound) -> Result<Saved> {
         let mut err = None;
         let mut put_manifest = |t: &Tensor| {
             let (bytes, id) = manifest_bytes(t);
-            if err.is_none() && !b.manifests.contains(&id) && manifests_new.insert(id) {
+            let absent = !b.manifests.contains(&id)
+                || (!b.gc_keys.is_empty() && b.gc_keys.contains(&manifest_key(&id)));
+            if err.is_none() && absent && manifests_new.insert(id) {
                 match backend.put(&manifest_key(&id), &bytes) {
                     Ok(()) => {
                         stats.manifests_written += 1;
@@ -481,6 +506,7 @@ fn save_into(hist: &History, b: &mut Bound) -> Result<Saved> {
     b.chunks.note_index(index_id);
     b.manifests.extend(manifests_new);
     for (v, h, parents) in new_parents {
+        b.gone.remove(&version_key(&h));
         b.record_version(v, h, parents);
     }
 
