@@ -6,6 +6,7 @@ use std::collections::{BTreeMap, BinaryHeap, HashMap, HashSet};
 use std::path::Path;
 use std::sync::Arc;
 
+use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use super::backend::{is_not_found, Backend, PutOutcome};
@@ -324,25 +325,32 @@ fn read_versions(b: &Bound, roots: &[(ContentHash, String)]) -> Result<Loaded> {
         return Err(corrupt(VERSIONS_DIR, "the version graph has a cycle"));
     }
 
-    // Manifests → tensors of stored chunks.
-    let mut tensors: HashMap<ContentHash, Tensor> = HashMap::new();
+    // Manifests → tensors of stored chunks. Reading and parsing the (small, many)
+    // manifest objects runs in parallel: it is most of an open's time.
+    let mut wanted = Vec::new();
+    let mut seen_m = HashSet::new();
+    for h in &order {
+        for (_, m) in &bodies[h].vars {
+            if seen_m.insert(*m) {
+                wanted.push(ContentHash(*m));
+            }
+        }
+    }
+    let tensors: HashMap<ContentHash, Tensor> = wanted
+        .par_iter()
+        .with_min_len(8)
+        .map(|m| {
+            let key = manifest_key(m);
+            let bytes = must_get(backend, &key)?;
+            let manifest = parse_manifest(&key, &bytes, Some(m))?;
+            Ok((*m, tensor_of(b, &key, &manifest)?))
+        })
+        .collect::<Result<_>>()?;
     let mut vars = HashMap::new();
     for h in &order {
         let mut v = Vars::new();
         for (name, m) in &bodies[h].vars {
-            let m = ContentHash(*m);
-            let t = match tensors.get(&m) {
-                Some(t) => t.clone(),
-                None => {
-                    let key = manifest_key(&m);
-                    let bytes = must_get(backend, &key)?;
-                    let manifest = parse_manifest(&key, &bytes, Some(&m))?;
-                    let t = tensor_of(b, &key, &manifest)?;
-                    tensors.insert(m, t.clone());
-                    t
-                }
-            };
-            v.insert(name.clone(), t);
+            v.insert(name.clone(), tensors[&ContentHash(*m)].clone());
         }
         vars.insert(*h, v);
     }
@@ -357,9 +365,9 @@ fn read_versions(b: &Bound, roots: &[(ContentHash, String)]) -> Result<Loaded> {
 const VERSIONS_DIR: &str = "versions/";
 
 fn tensor_of(b: &Bound, key: &str, m: &Manifest) -> Result<Tensor> {
-    let mut chunks = ChunkVec::new();
-    for (i, id) in m.chunks.iter().enumerate() {
-        match b.chunks.locate(id) {
+    let locs = b.chunks.locate_all(&m.chunks);
+    for (i, (id, loc)) in m.chunks.iter().zip(locs).enumerate() {
+        match loc {
             Some(loc) if loc.len == m.chunk_len(i) as u64 => {}
             Some(loc) => {
                 return Err(corrupt(
@@ -373,7 +381,16 @@ fn tensor_of(b: &Bound, key: &str, m: &Manifest) -> Result<Tensor> {
             }
             None => return Err(b.chunks.missing(id, key)),
         }
-        chunks.push_back(b.stored_chunk(*id, m.chunk_len(i)));
+    }
+    let mut chunks = ChunkVec::new();
+    let stored = b.stored_chunks(
+        m.chunks
+            .iter()
+            .enumerate()
+            .map(|(i, id)| (*id, m.chunk_len(i))),
+    );
+    for c in stored {
+        chunks.push_back(c);
     }
     Ok(Tensor::from_parts(m.dtype, &m.shape, m.chunk_elems, chunks))
 }
