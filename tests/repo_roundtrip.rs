@@ -338,7 +338,15 @@ fn a_non_empty_directory_that_is_not_a_repository_is_refused() {
         Store::open(dir.path()),
         Err(Error::UnsupportedFormat { .. })
     ));
-    assert!(!dir.path().join("config.json").exists());
+    let left: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(left, vec![std::ffi::OsString::from("notes.txt")]);
+    assert_eq!(
+        std::fs::read(dir.path().join("notes.txt")).unwrap(),
+        b"hello"
+    );
 }
 
 #[test]

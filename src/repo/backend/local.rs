@@ -67,8 +67,9 @@ impl LocalDir {
             dirty: Mutex::new(Dirty::default()),
             maps: Mutex::new(HashMap::new()),
         };
+        // `tmp/` is made by the first write, so opening a directory that is not a
+        // repository (and is refused) leaves it exactly as it was.
         dir.ensure_dir(&dir.root.clone())?;
-        dir.ensure_dir(&dir.root.join(TMP_DIR))?;
         dir.sync_dirs()?;
         Ok(dir)
     }
@@ -138,10 +139,9 @@ impl LocalDir {
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.subsec_nanos());
-        let tmp = self
-            .root
-            .join(TMP_DIR)
-            .join(format!("{}-{n}-{nanos}", std::process::id()));
+        let tmp_dir = self.root.join(TMP_DIR);
+        self.ensure_dir(&tmp_dir)?;
+        let tmp = tmp_dir.join(format!("{}-{n}-{nanos}", std::process::id()));
         let mut f = File::create(&tmp).map_err(|e| io_error(&tmp, &e))?;
         for p in parts {
             if let Err(e) = f.write_all(p) {
