@@ -53,14 +53,22 @@ pub(crate) struct ChunkData {
 impl Chunk {
     /// The chunk's bytes (little-endian elements, row-major). A chunk stored in a
     /// repository is loaded (mapped or fetched, and checked against its hash) on first
-    /// read; the store's reading calls load chunks first and return an error instead.
+    /// read: O(len) then, O(1) after.
     ///
-    /// # Panics
+    /// # Errors
     ///
-    /// If the chunk is stored in a repository and cannot be read (the file was removed
-    /// or damaged) and no earlier call loaded it.
-    #[must_use]
-    pub fn bytes(&self) -> &[u8] {
+    /// [`Error::Io`](crate::Error::Io) or
+    /// [`Error::CorruptObject`](crate::Error::CorruptObject) if the chunk is stored in a
+    /// repository and cannot be read (its pack was removed or damaged). A later call
+    /// tries again.
+    pub fn bytes(&self) -> Result<&[u8]> {
+        self.load()?;
+        Ok(self.0.bytes())
+    }
+
+    /// The bytes of a chunk on the heap or already loaded: callers load stored chunks
+    /// first (an unloadable one would panic here).
+    pub(crate) fn data(&self) -> &[u8] {
         self.0.bytes()
     }
 
@@ -123,7 +131,7 @@ impl Chunk {
         *self
             .0
             .hash
-            .get_or_init(|| ContentHash::of_bytes(self.bytes()))
+            .get_or_init(|| ContentHash::of_bytes(self.data()))
     }
 
     /// The hash if it has been computed already. O(1).
@@ -159,12 +167,12 @@ impl Chunk {
         }
         match (self.cached_hash(), other.cached_hash()) {
             (Some(a), Some(b)) => a == b,
-            _ => self.bytes() == other.bytes(),
+            _ => self.data() == other.data(),
         }
     }
 
     pub(crate) fn as_slice<T: Element>(&self) -> &[T] {
-        bytemuck::cast_slice(self.bytes())
+        bytemuck::cast_slice(self.data())
     }
 
     /// Bytes of memory the chunk's buffer holds: its length rounded up to whole 8-byte
@@ -196,7 +204,7 @@ impl Chunk {
 
     /// Recompute the hash; compare it with the cached one, or cache it if none was.
     pub(crate) fn verify_and_cache_hash(&self) -> bool {
-        let h = ContentHash::of_bytes(self.bytes());
+        let h = ContentHash::of_bytes(self.data());
         *self.0.hash.get_or_init(|| h) == h
     }
 }
@@ -382,7 +390,7 @@ impl Alloc {
 
     /// A chunk holding a copy of `src`'s bytes (same hash).
     pub(crate) fn copy_of(&self, src: &Chunk) -> Chunk {
-        let c = self.chunk_from_bytes(src.bytes());
+        let c = self.chunk_from_bytes(src.data());
         if let Some(h) = src.cached_hash() {
             let _ = c.0.hash.set(h);
         }

@@ -27,7 +27,7 @@ fn freed_buffers_return_to_the_pool_and_are_reused() {
     assert_eq!(pool.pooled_bytes(), 64);
     let d = alloc.chunk_from_bytes(&[1u8; 64]);
     assert_eq!(pool.pooled_bytes(), 0);
-    assert_eq!(d.bytes(), &[1u8; 64][..]);
+    assert_eq!(d.data(), &[1u8; 64][..]);
     // A short buffer does not come from the pool, nor goes back to it.
     drop(alloc.chunk_from_bytes(&[2u8; 8]));
     assert_eq!(pool.pooled_bytes(), 0);

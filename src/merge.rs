@@ -166,11 +166,11 @@ impl Plan {
     }
 }
 
-fn same(a: Option<&Tensor>, b: Option<&Tensor>) -> bool {
+fn same(a: Option<&Tensor>, b: Option<&Tensor>) -> Result<bool> {
     match (a, b) {
-        (None, None) => true,
+        (None, None) => Ok(true),
         (Some(a), Some(b)) => a.content_eq(b),
-        _ => false,
+        _ => Ok(false),
     }
 }
 
@@ -183,10 +183,10 @@ fn merge_var(
     strategy: MergeStrategy,
     conflicts: &mut Vec<Conflict>,
 ) -> Result<Plan> {
-    if same(ours, theirs) || same(theirs, base) {
+    if same(ours, theirs)? || same(theirs, base)? {
         return Ok(Plan::Take(ours.cloned()));
     }
-    if same(ours, base) {
+    if same(ours, base)? {
         return Ok(Plan::Take(theirs.cloned()));
     }
     // Both sides changed the variable, differently.
@@ -440,8 +440,12 @@ impl Store {
                 }
                 parts.push(t);
             }
-            if !first.dtype().is_float() && !parts.iter().all(|t| t.content_eq(first)) {
-                return Err(unsupported(name, first.dtype(), "average"));
+            if !first.dtype().is_float() {
+                for t in &parts {
+                    if !t.content_eq(first)? {
+                        return Err(unsupported(name, first.dtype(), "average"));
+                    }
+                }
             }
             planned.push((name, parts));
         }

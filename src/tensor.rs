@@ -322,9 +322,11 @@ impl Tensor {
     ///
     /// # Errors
     ///
-    /// [`Error::DTypeMismatch`] if `T` is not the tensor's dtype.
+    /// [`Error::DTypeMismatch`] if `T` is not the tensor's dtype; [`Error::Io`] or
+    /// [`Error::CorruptObject`] if a chunk stored in a repository cannot be read.
     pub fn chunk_slices<T: Element>(&self) -> Result<impl Iterator<Item = &[T]> + '_> {
         self.check_dtype::<T>("")?;
+        self.load()?;
         Ok(self.chunks.iter().map(Chunk::as_slice::<T>))
     }
 
@@ -336,7 +338,8 @@ impl Tensor {
     /// [`Error::DTypeMismatch`] if `T` is not the tensor's dtype; [`Error::NotRowAligned`]
     /// if a row does not fit in a chunk, rows have zero elements, or the tensor is a
     /// scalar (its `row_bytes` saturates at `usize::MAX` for a row too large to count,
-    /// such as the rows of a `[0, 2^61]` tensor of `f64`).
+    /// such as the rows of a `[0, 2^61]` tensor of `f64`); [`Error::Io`] or
+    /// [`Error::CorruptObject`] if a chunk stored in a repository cannot be read.
     pub fn row_blocks<T: Element>(
         &self,
     ) -> Result<impl Iterator<Item = (Range<usize>, ArrayViewD<'_, T>)> + '_> {
@@ -346,6 +349,7 @@ impl Tensor {
                 .unwrap_or(usize::MAX)
                 .saturating_mul(self.dtype.size()),
         })?;
+        self.load()?;
         // `rows_per_chunk` exists, so the row length is known and at least 1.
         let row = self.chunk_elems / rows_per_chunk;
         Ok(self.chunks.iter().enumerate().map(move |(i, c)| {
@@ -364,9 +368,11 @@ impl Tensor {
     ///
     /// # Errors
     ///
-    /// [`Error::DTypeMismatch`] if `T` is not the tensor's dtype.
+    /// [`Error::DTypeMismatch`] if `T` is not the tensor's dtype; [`Error::Io`] or
+    /// [`Error::CorruptObject`] if a chunk stored in a repository cannot be read.
     pub fn to_array<T: Element>(&self) -> Result<ArrayD<T>> {
         self.check_dtype::<T>("")?;
+        self.load()?;
         let mut out = Vec::with_capacity(self.len());
         for c in self.chunks.iter() {
             out.extend_from_slice(c.as_slice::<T>());
@@ -380,7 +386,9 @@ impl Tensor {
     ///
     /// # Errors
     ///
-    /// [`Error::DTypeMismatch`], [`Error::ShapeMismatch`]; `out` is untouched then.
+    /// [`Error::DTypeMismatch`], [`Error::ShapeMismatch`]; [`Error::Io`] or
+    /// [`Error::CorruptObject`] if a chunk stored in a repository cannot be read. `out`
+    /// is untouched then.
     pub fn copy_into<T, S, D>(&self, out: &mut ArrayBase<S, D>) -> Result<WriteStats>
     where
         T: Element,
@@ -402,8 +410,9 @@ impl Tensor {
     ///
     /// # Errors
     ///
-    /// [`Error::DTypeMismatch`], [`Error::ShapeMismatch`] for `out`; `out` is untouched
-    /// then.
+    /// [`Error::DTypeMismatch`], [`Error::ShapeMismatch`] for `out`; [`Error::Io`] or
+    /// [`Error::CorruptObject`] if a chunk stored in a repository cannot be read. `out`
+    /// is untouched then.
     pub fn copy_changed_into<T, S, D>(
         &self,
         out: &mut ArrayBase<S, D>,
@@ -449,6 +458,7 @@ impl Tensor {
     {
         self.check_dtype::<T>("")?;
         self.check_shape("", out.shape())?;
+        self.load()?;
         let ce = self.chunk_elems;
         let mut stats = WriteStats {
             chunks_total: self.num_chunks(),
@@ -542,22 +552,31 @@ impl Tensor {
     }
 
     /// Whether both tensors hold the same dtype, shape and bytes: pointer-equal chunks are
-    /// skipped, others compared by cached hashes or bytes. Never computes a hash.
-    #[must_use]
-    pub fn content_eq(&self, other: &Tensor) -> bool {
+    /// skipped, others compared by cached hashes or bytes. Never computes a hash. With the
+    /// same chunk layout no stored chunk is read (their hashes are known); with different
+    /// layouts the bytes are compared, loading stored chunks.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Io`] or [`Error::CorruptObject`] if a stored chunk that must be compared
+    /// cannot be read.
+    pub fn content_eq(&self, other: &Tensor) -> Result<bool> {
         if !self.same_layout(other) {
-            return self.dtype == other.dtype
-                && self.shape == other.shape
-                && self
-                    .chunks
-                    .iter()
-                    .flat_map(|c| c.bytes().iter())
-                    .eq(other.chunks.iter().flat_map(|c| c.bytes().iter()));
+            if self.dtype != other.dtype || self.shape != other.shape {
+                return Ok(false);
+            }
+            self.load()?;
+            other.load()?;
+            return Ok(self
+                .chunks
+                .iter()
+                .flat_map(|c| c.data().iter())
+                .eq(other.chunks.iter().flat_map(|c| c.data().iter())));
         }
         if self.chunks.ptr_eq(&other.chunks) {
-            return true;
+            return Ok(true);
         }
-        self.changed_chunks(other).is_empty()
+        Ok(self.changed_chunks(other).is_empty())
     }
 
     /// Indices of the chunks whose content differs from `other`'s (same layout assumed).
@@ -583,7 +602,7 @@ impl Tensor {
             let hashes_differ =
                 matches!((a.cached_hash(), b.cached_hash()), (Some(x), Some(y)) if x != y);
             let unloaded = a.is_unloaded() || b.is_unloaded();
-            if hashes_differ || (!unloaded && a.bytes()[..head] != b.bytes()[..head]) {
+            if hashes_differ || (!unloaded && a.data()[..head] != b.data()[..head]) {
                 changed.push(i);
             } else {
                 unsure.push((i, a, b));
@@ -710,7 +729,7 @@ impl Tensor {
             let mut copy = alloc.copy_of(chunk);
             let data = copy.get_mut().expect("a fresh copy is uniquely owned");
             f(cstart + lo, &mut data.slice_mut::<T>()[lo..hi]);
-            if copy.bytes()[lo * es..hi * es] != chunk.bytes()[lo * es..hi * es] {
+            if copy.data()[lo * es..hi * es] != chunk.data()[lo * es..hi * es] {
                 copied += copy.len_bytes();
                 *chunk = copy;
                 written += 1;
@@ -793,7 +812,7 @@ impl Tensor {
         let changed: Vec<usize> =
             map_par_from(ctx.par_min_bytes, chunks, self.nbytes(), |(i, c)| {
                 let new = &src[i * ce..i * ce + c.len_bytes() / std::mem::size_of::<T>()];
-                (bytemuck::cast_slice::<T, u8>(new) != c.bytes()).then_some(i)
+                (bytemuck::cast_slice::<T, u8>(new) != c.data()).then_some(i)
             })
             .into_iter()
             .flatten()

@@ -39,7 +39,10 @@ fn state(store: &Store) -> State {
             .into_iter()
             .map(|n| {
                 let t = store.tensor(&n).unwrap();
-                let bytes = t.chunks().flat_map(|c| c.bytes().to_vec()).collect();
+                let bytes = t
+                    .chunks()
+                    .flat_map(|c| c.bytes().unwrap().to_vec())
+                    .collect();
                 (n, t.dtype(), t.shape().to_vec(), bytes)
             })
             .collect(),

@@ -73,8 +73,14 @@ fn every_dtype_comes_back_bit_identical() {
         let b = r.tensor(&name).unwrap();
         assert_eq!(a.dtype(), b.dtype(), "{name}");
         assert_eq!(a.shape(), b.shape(), "{name}");
-        let ab: Vec<u8> = a.chunks().flat_map(|c| c.bytes().to_vec()).collect();
-        let bb: Vec<u8> = b.chunks().flat_map(|c| c.bytes().to_vec()).collect();
+        let ab: Vec<u8> = a
+            .chunks()
+            .flat_map(|c| c.bytes().unwrap().to_vec())
+            .collect();
+        let bb: Vec<u8> = b
+            .chunks()
+            .flat_map(|c| c.bytes().unwrap().to_vec())
+            .collect();
         assert_eq!(ab, bb, "{name}");
         assert_eq!(a.content_hash(), b.content_hash(), "{name}");
     }

@@ -113,7 +113,9 @@ fn st_dtype(d: DType) -> Dtype {
 
 /// A tensor's bytes, concatenated over its chunks.
 fn bytes_of(t: &Tensor) -> Vec<u8> {
-    t.chunks().flat_map(|c| c.bytes().iter().copied()).collect()
+    t.chunks()
+        .flat_map(|c| c.bytes().unwrap().iter().copied())
+        .collect()
 }
 
 /// The same tensors as [`Raw`] values, for the reference writer.

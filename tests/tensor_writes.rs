@@ -69,7 +69,9 @@ fn update_of_an_uncommitted_tensor_writes_in_place() {
         store.insert("x", &ramp(shape, 0.0)).unwrap();
         let addrs = |s: &Store| -> Vec<usize> {
             let t = s.tensor("x").unwrap();
-            t.chunks().map(|c| c.bytes().as_ptr() as usize).collect()
+            t.chunks()
+                .map(|c| c.bytes().unwrap().as_ptr() as usize)
+                .collect()
         };
         let before = addrs(&store);
         let stats = store

@@ -35,7 +35,10 @@ fn capture(store: &Store) -> Captured {
         .iter()
         .zip(&tensors)
         .map(|(n, t)| {
-            let bytes = t.chunks().flat_map(|c| c.bytes().iter().copied()).collect();
+            let bytes = t
+                .chunks()
+                .flat_map(|c| c.bytes().unwrap().iter().copied())
+                .collect();
             (n.clone(), t.dtype(), t.shape().to_vec(), bytes)
         })
         .collect();

@@ -70,9 +70,8 @@ pub(crate) fn moved(a: &Tensor, b: &Tensor, changed: &[usize]) -> CliResult<Opti
         let (Some(ca), Some(cb)) = (a.chunk(i), b.chunk(i)) else {
             continue;
         };
-        ca.load().context("reading a chunk")?;
-        cb.load().context("reading a chunk")?;
-        let (xa, xb) = (floats(dtype, ca.bytes()), floats(dtype, cb.bytes()));
+        let xa = floats(dtype, ca.bytes().context("reading a chunk")?);
+        let xb = floats(dtype, cb.bytes().context("reading a chunk")?);
         for (x, y) in xa.iter().zip(&xb) {
             let d = (x - y).abs();
             // NaN propagates through `max` only if asked: keep it visible.

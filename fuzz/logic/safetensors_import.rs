@@ -44,7 +44,10 @@ pub fn run(data: &[u8]) {
                     .tensor(name)
                     .expect("an imported name is in the store");
                 assert_eq!(t.shape(), view.shape());
-                let bytes: Vec<u8> = t.chunks().flat_map(|c| c.bytes().to_vec()).collect();
+                let bytes: Vec<u8> = t
+                    .chunks()
+                    .flat_map(|c| c.bytes().unwrap().to_vec())
+                    .collect();
                 assert_eq!(bytes, view.data());
                 assert!(t.chunks().all(|c| c.len_bytes() <= 64));
             }

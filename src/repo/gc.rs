@@ -65,7 +65,7 @@ impl GcOptions {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[non_exhaustive]
 pub struct GcStats {
-    /// Versions reachable from the saved refs and HEAD.
+    /// Versions reachable from the saved refs and HEAD, or held by the store.
     pub versions_live: usize,
     /// Chunks those versions hold.
     pub chunks_live: usize,
@@ -108,8 +108,9 @@ fn get(backend: &dyn Backend, key: &str) -> Result<super::backend::Bytes> {
     })
 }
 
-/// Mark: every object the latest ref log entries and HEAD reach.
-fn mark(backend: &dyn Backend, objects: &[ObjectInfo]) -> Result<Live> {
+/// Mark: every object the latest ref log entries, HEAD and `held` (versions the store
+/// running gc holds, where still present) reach.
+fn mark(backend: &dyn Backend, objects: &[ObjectInfo], held: &[ContentHash]) -> Result<Live> {
     let mut live = Live::default();
     let mut latest: BTreeMap<String, (u64, String)> = BTreeMap::new();
     for o in objects.iter().filter(|o| o.key.starts_with(REFS_PREFIX)) {
@@ -135,6 +136,14 @@ fn mark(backend: &dyn Backend, objects: &[ObjectInfo]) -> Result<Live> {
         Err(e) if is_not_found(&e) => {}
         Err(e) => return Err(e),
     }
+    // The store running gc may have moved on from what the repository's refs and HEAD
+    // say (another process replaced HEAD.json, or moved a branch this store still
+    // holds): what it holds stays, since its heap no longer has those chunks.
+    let present: HashSet<&str> = objects.iter().map(|o| o.key.as_str()).collect();
+    roots.extend(
+        held.iter()
+            .filter(|h| present.contains(version_key(h).as_str())),
+    );
     let markers: HashSet<&str> = objects
         .iter()
         .filter(|o| o.key.starts_with(PRUNED_PREFIX))
@@ -188,7 +197,8 @@ impl Store {
     /// Delete repository data that no saved ref, tag or HEAD reaches (after `prune` and
     /// `save`, the repository shrinks), without locks:
     ///
-    /// 1. Mark everything the latest saved refs and HEAD reach.
+    /// 1. Mark everything the latest saved refs and HEAD reach, and every saved version
+    ///    this store holds (another process may have moved the refs or HEAD since).
     /// 2. Rewrite packs whose live bytes are below `repack_below`: new pack, barrier, new
     ///    index, barrier; the old pack is then unreferenced.
     /// 3. Record every unreferenced object in a gc record (saves from then on write those
@@ -212,7 +222,13 @@ impl Store {
         let mut b = self.repo.take().ok_or_else(|| Error::InvalidArgument {
             reason: "this store has no repository".into(),
         })?;
-        let result = gc_into(&mut b, options);
+        let held: Vec<ContentHash> = b
+            .saved
+            .iter()
+            .filter(|(id, _)| self.hist.node(**id).is_ok())
+            .map(|(_, h)| *h)
+            .collect();
+        let result = gc_into(&mut b, options, &held);
         self.repo = Some(b);
         result
     }
@@ -241,12 +257,12 @@ fn read_indexes(backend: &dyn Backend, objects: &[ObjectInfo]) -> Result<Vec<(St
     Ok(out)
 }
 
-fn gc_into(b: &mut Bound, options: &GcOptions) -> Result<GcStats> {
+fn gc_into(b: &mut Bound, options: &GcOptions, held: &[ContentHash]) -> Result<GcStats> {
     let backend = b.backend.clone();
     let backend = &*backend;
     let mut stats = GcStats::default();
     let objects = backend.list("")?;
-    let live = mark(backend, &objects)?;
+    let live = mark(backend, &objects, held)?;
     stats.versions_live = live.versions;
     stats.chunks_live = live.chunks.len();
     let indexes = read_indexes(backend, &objects)?;

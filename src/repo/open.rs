@@ -228,7 +228,7 @@ struct Loaded {
 /// that every chunk is indexed. A root whose version object is absent is an error naming
 /// the ref entry; a detached HEAD naming one is skipped (HEAD only says where to start).
 /// Changes nothing.
-fn read_versions(b: &Bound, roots: &[(ContentHash, String)]) -> Result<Loaded> {
+fn read_versions(hist: &History, b: &Bound, roots: &[(ContentHash, String)]) -> Result<Loaded> {
     let backend = &*b.backend;
     let mut named_by: HashMap<ContentHash, &str> = HashMap::new();
     for (h, key) in roots {
@@ -282,11 +282,14 @@ fn read_versions(b: &Bound, roots: &[(ContentHash, String)]) -> Result<Loaded> {
             if !seen.insert(p) {
                 continue;
             }
-            if bodies.contains_key(&p) || b.by_hash.contains_key(&p) {
+            // A version this store holds, unless pruned here since: then its children
+            // take its parents, as prune does in memory.
+            let held = b.by_hash.get(&p).map(|id| hist.node(*id).is_ok());
+            if bodies.contains_key(&p) || held == Some(true) {
                 if !out.contains(&p) {
                     out.push(p);
                 }
-            } else if let Some(pp) = b.pruned.get(&p) {
+            } else if let Some(pp) = b.pruned.get(&p).or(held.and(b.parents_of.get(&p))) {
                 work.extend(pp.iter().rev().copied());
             } else {
                 return Err(corrupt(&version_key(h), format!("parent {p} is missing")));
@@ -576,7 +579,7 @@ impl Store {
         let mut b = Bound::connect(backend)?;
         let refs = b.refs_seen.clone();
         let roots = roots_of(&b, &refs, b.head_seen.as_ref());
-        let loaded = read_versions(&b, &roots)?;
+        let loaded = read_versions(&store.hist, &b, &roots)?;
         insert_versions(&mut store.hist, &mut b, loaded);
         for (name, (_, e)) in &refs {
             if check_ref_name(name).is_err() {
@@ -654,8 +657,32 @@ fn refresh_into(store: &mut Store, b: &mut Bound) -> Result<RefreshStats> {
         .into_iter()
         .filter(|(name, (seq, _))| b.refs_seen.get(name).is_none_or(|(s, _)| s < seq))
         .collect();
+    // A ref that moved to a version this store pruned since: that version is loaded
+    // again, under a new id (its old one stays pruned).
+    let mut revived = Vec::new();
+    for (_, e) in changed.values() {
+        let Some(h) = e.version.filter(|_| e.kind != "deleted") else {
+            continue;
+        };
+        if let Some(id) = b.by_hash.get(&h).copied() {
+            if store.hist.node(id).is_err() {
+                b.by_hash.remove(&h);
+                b.saved.remove(&id);
+                revived.push((h, id));
+            }
+        }
+    }
     let roots = roots_of(b, &changed, None);
-    let loaded = read_versions(b, &roots)?;
+    let loaded = match read_versions(&store.hist, b, &roots) {
+        Ok(l) => l,
+        Err(e) => {
+            for (h, id) in revived {
+                b.by_hash.insert(h, id);
+                b.saved.insert(id, h);
+            }
+            return Err(e);
+        }
+    };
     let mut stats = RefreshStats {
         versions_loaded: insert_versions(&mut store.hist, b, loaded),
         ..RefreshStats::default()

@@ -165,7 +165,7 @@ impl Snapshot {
                     // A chunk that lives in a repository is read (and checked) here, so
                     // a damaged repository gives an error, not a panic in `bytes`.
                     chunk.load()?;
-                    w.write_all(chunk.bytes()).map_err(io)?;
+                    w.write_all(chunk.data()).map_err(io)?;
                 }
             }
             Ok(())

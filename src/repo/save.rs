@@ -427,7 +427,7 @@ fn save_into(hist: &History, b: &mut Bound) -> Result<Saved> {
         }
         let group: Vec<(ContentHash, &[u8])> = new[group_start..end]
             .iter()
-            .map(|(h, c)| c.load().map(|()| (*h, c.bytes())))
+            .map(|(h, c)| c.load().map(|()| (*h, c.data())))
             .collect::<Result<_>>()?;
         let (id, entries, size) = write_pack(&*backend, &group)?;
         stats.packs_written += 1;
@@ -530,15 +530,20 @@ fn save_into(hist: &History, b: &mut Bound) -> Result<Saved> {
         let mut tries = 0;
         loop {
             tries += 1;
-            match backend.put_if_absent(&ref_key(&name, seq), &body)? {
-                PutOutcome::Created => {
+            let created =
+                backend.put_if_absent(&ref_key(&name, seq), &body)? == PutOutcome::Created;
+            // gc trims the entries before a ref's latest one, so the entry after the one
+            // this store saw may be absent although the ref moved further: a later entry
+            // wins over the one just created.
+            let latest = super::open::read_ref_log(&*backend, &name)?;
+            match latest {
+                Some((lseq, _)) if created && lseq == seq => {
                     stats.refs_written += 1;
                     stats.bytes_written += body.len() as u64;
                     b.refs_seen.insert(name.clone(), (seq, want.clone()));
                     break;
                 }
-                PutOutcome::AlreadyExists => {
-                    let latest = super::open::read_ref_log(&*backend, &name)?;
+                latest => {
                     let Some((lseq, lentry)) = latest else {
                         conflicts.push(name.clone());
                         break;

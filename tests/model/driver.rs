@@ -602,6 +602,16 @@ pub struct Fingerprint {
 }
 
 impl Fingerprint {
+    /// The same without the buffer pool: a save that reports a conflict has written the
+    /// versions and released their heap chunks (into the pool), which is not a change of
+    /// anything the store holds.
+    pub fn without_pool(self) -> Fingerprint {
+        Fingerprint {
+            pooled_bytes: 0,
+            ..self
+        }
+    }
+
     pub fn of(store: &Store) -> Fingerprint {
         Fingerprint {
             graph: store.log_graph(),
@@ -617,7 +627,10 @@ impl Fingerprint {
                 .into_iter()
                 .map(|n| {
                     let t = store.tensor(&n).expect("a listed name");
-                    let bytes = t.chunks().flat_map(|c| c.bytes().to_vec()).collect();
+                    let bytes = t
+                        .chunks()
+                        .flat_map(|c| c.bytes().unwrap().to_vec())
+                        .collect();
                     (n, t.shape().to_vec(), bytes)
                 })
                 .collect(),

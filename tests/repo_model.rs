@@ -1,0 +1,791 @@
+//! Model-based property test of saving, reopening and refreshing: random sequences of
+//! history operations (as in `history_model.rs`) mixed with `save`, reopening the store
+//! from its repository, prune + save + gc, commits saved by a second store on the same
+//! repository (on a branch of its own, or on one the first store has too), and
+//! `refresh`. The deep-copy model is extended with a model of the repository: every saved
+//! version's contents by content address, the ref logs, HEAD and prune markers, and what
+//! each store last saw of the refs. From it the test predicts what `Store::open` loads
+//! (ids by the documented rule), what `save` writes or reports as `Error::Conflict`, and
+//! what `refresh` takes in. After every step everything observable must equal the model
+//! and `verify()` must pass; a call that fails must change nothing. The repository is in
+//! memory (`MemoryBackend`). `TH_PROPTEST_CASES` sets the number of cases.
+
+mod common;
+mod model;
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap, HashMap, HashSet};
+use std::sync::Arc;
+
+use proptest::prelude::*;
+use proptest::test_runner::FileFailurePersistence;
+use tensor_history::{
+    Backend, Config, ContentHash, Error, GcOptions, MemoryBackend, Meta, Ref, Store,
+};
+
+use model::driver::{agree, apply, check, Fingerprint, Op, LOSSES, SHAPES, STRATEGIES};
+use model::{vid, MHead, MNode, MVars, Model, CHUNK_BYTES, VALUES};
+
+thread_local! {
+    /// Counts of what the runs on this thread did: saves, conflicting saves, reopens, gc
+    /// runs, saves by the second store, refreshes that loaded versions, sequences run.
+    static COUNTS: std::cell::RefCell<[usize; 7]> = const { std::cell::RefCell::new([0; 7]) };
+}
+
+fn count(what: usize) {
+    COUNTS.with(|c| c.borrow_mut()[what] += 1);
+}
+
+fn counts() -> [usize; 7] {
+    COUNTS.with(|c| *c.borrow())
+}
+
+/// A saved version, by content address.
+#[derive(Clone, Debug)]
+struct Saved {
+    parents: Vec<ContentHash>,
+    message: String,
+    meta: Meta,
+    vars: MVars,
+    /// The id the writing store gave it.
+    seq: u64,
+}
+
+/// A ref's state in a log entry: `None` for a `deleted` entry.
+/// Its version is `None` for a local ref at a version not saved yet.
+type RefState = Option<(bool, Option<ContentHash>)>;
+
+/// HEAD.json.
+#[derive(Clone, Debug, PartialEq)]
+enum HeadFile {
+    Branch(String),
+    Detached(ContentHash),
+}
+
+/// The repository: what every store saved.
+#[derive(Default)]
+struct Repo {
+    versions: HashMap<ContentHash, Saved>,
+    /// Per ref: the sequence number and state of the latest log entry.
+    refs: BTreeMap<String, (u64, RefState)>,
+    head: Option<HeadFile>,
+    pruned: HashMap<ContentHash, Vec<ContentHash>>,
+}
+
+/// A store bound to the repository and what the test knows of it: its model, its
+/// versions' content addresses, and what it last saw of the refs and HEAD.
+struct Side {
+    store: Store,
+    model: Model,
+    hashes: BTreeMap<u64, ContentHash>,
+    seen: BTreeMap<String, (u64, RefState)>,
+    head_seen: Option<HeadFile>,
+    /// The prune markers it knows (read at open, refresh and gc, or written).
+    markers: HashMap<ContentHash, Vec<ContentHash>>,
+}
+
+fn config() -> Config {
+    Config {
+        chunk_bytes: CHUNK_BYTES,
+        ..Config::default()
+    }
+}
+
+fn ref_state(r: Option<&Ref>, hashes: &BTreeMap<u64, ContentHash>) -> RefState {
+    r.map(|r| {
+        let h = hashes.get(&r.target().0).copied();
+        (matches!(r, Ref::Branch(_)), h)
+    })
+}
+
+fn to_ref(state: &RefState, ids: &HashMap<ContentHash, u64>) -> Option<Ref> {
+    let (branch, h) = (*state)?;
+    let id = vid(*ids.get(&h?)?);
+    Some(if branch {
+        Ref::Branch(id)
+    } else {
+        Ref::Tag(id)
+    })
+}
+
+fn inverse(hashes: &BTreeMap<u64, ContentHash>) -> HashMap<ContentHash, u64> {
+    hashes.iter().map(|(id, h)| (*h, *id)).collect()
+}
+
+/// The versions of `model` reachable from its refs and HEAD.
+fn reachable(model: &Model) -> Vec<u64> {
+    let mut out: Vec<u64> = model
+        .refs
+        .values()
+        .map(|r| r.target().0)
+        .chain(model.head_id())
+        .flat_map(|r| model.ancestors(r))
+        .collect();
+    out.sort_unstable();
+    out.dedup();
+    out
+}
+
+/// Load versions reachable from `roots` that `known` lacks into `model`, as `open` and
+/// `refresh` do: pruned non-root versions passed through, parents first and among ready
+/// ones by (saved id, content address), each taking its saved id when that is free and
+/// above its parents' ids, else the next free id.
+fn load(
+    repo: &Repo,
+    markers: &HashMap<ContentHash, Vec<ContentHash>>,
+    model: &mut Model,
+    known: &mut BTreeMap<u64, ContentHash>,
+    roots: &[ContentHash],
+) {
+    let ids = inverse(known);
+    let root_set: HashSet<ContentHash> = roots.iter().copied().collect();
+    let mut bodies: HashSet<ContentHash> = HashSet::new();
+    let mut visited = HashSet::new();
+    let mut stack = roots.to_vec();
+    while let Some(h) = stack.pop() {
+        if ids.contains_key(&h) || !visited.insert(h) {
+            continue;
+        }
+        if !root_set.contains(&h) {
+            if let Some(ps) = markers.get(&h) {
+                stack.extend(ps.iter().copied());
+                continue;
+            }
+        }
+        bodies.insert(h);
+        stack.extend(repo.versions[&h].parents.iter().copied());
+    }
+    let mut parents: HashMap<ContentHash, Vec<ContentHash>> = HashMap::new();
+    for h in &bodies {
+        let mut out = Vec::new();
+        let mut work: Vec<ContentHash> = repo.versions[h].parents.iter().rev().copied().collect();
+        let mut seen = HashSet::new();
+        while let Some(p) = work.pop() {
+            if !seen.insert(p) {
+                continue;
+            }
+            let held = ids.get(&p).map(|id| model.node(*id).is_ok());
+            if bodies.contains(&p) || held == Some(true) {
+                if !out.contains(&p) {
+                    out.push(p);
+                }
+            } else if held.is_none() {
+                work.extend(markers[&p].iter().rev().copied());
+            } else {
+                // Held but pruned in memory since: its children take its parents.
+                work.extend(repo.versions[&p].parents.iter().rev().copied());
+            }
+        }
+        parents.insert(*h, out);
+    }
+    let mut waiting: HashMap<ContentHash, usize> = HashMap::new();
+    let mut children: HashMap<ContentHash, Vec<ContentHash>> = HashMap::new();
+    let mut ready = BinaryHeap::new();
+    for (h, ps) in &parents {
+        let inner: Vec<&ContentHash> = ps.iter().filter(|p| bodies.contains(p)).collect();
+        for p in &inner {
+            children.entry(**p).or_default().push(*h);
+        }
+        if inner.is_empty() {
+            ready.push(Reverse((repo.versions[h].seq, *h)));
+        }
+        waiting.insert(*h, inner.len());
+    }
+    let mut ids = ids;
+    while let Some(Reverse((seq, h))) = ready.pop() {
+        let ps: Vec<u64> = parents[&h].iter().map(|p| ids[p]).collect();
+        let floor = ps
+            .iter()
+            .map(|p| p + 1)
+            .max()
+            .unwrap_or(0)
+            .max(model.nodes.len() as u64);
+        let id = if seq >= floor && seq - floor <= 1 << 20 {
+            seq
+        } else {
+            floor
+        };
+        while (model.nodes.len() as u64) < id {
+            model.nodes.push(None);
+        }
+        let v = &repo.versions[&h];
+        model.nodes.push(Some(MNode {
+            parents: ps,
+            message: v.message.clone(),
+            meta: v.meta.clone(),
+            vars: v.vars.clone(),
+        }));
+        ids.insert(h, id);
+        known.insert(id, h);
+        for c in children.get(&h).into_iter().flatten() {
+            let n = waiting.get_mut(c).unwrap();
+            *n -= 1;
+            if *n == 0 {
+                ready.push(Reverse((repo.versions[c].seq, *c)));
+            }
+        }
+    }
+}
+
+/// What `Store::open` gives: the model, its content addresses, the refs seen, HEAD seen.
+fn predict_open(repo: &Repo) -> (Model, BTreeMap<u64, ContentHash>) {
+    let mut model = Model::new(None);
+    let mut known = BTreeMap::new();
+    let mut roots: Vec<ContentHash> = repo
+        .refs
+        .values()
+        .filter_map(|(_, s)| s.and_then(|s| s.1))
+        .collect();
+    if let Some(HeadFile::Detached(h)) = &repo.head {
+        roots.push(*h);
+    }
+    load(repo, &repo.pruned, &mut model, &mut known, &roots);
+    let ids = inverse(&known);
+    for (name, (_, state)) in &repo.refs {
+        if let Some(r) = to_ref(state, &ids) {
+            model.refs.insert(name.clone(), r);
+        }
+    }
+    let has_versions = !model.live().is_empty();
+    let is_branch = |n: &str| matches!(model.refs.get(n), Some(Ref::Branch(_)));
+    model.head = match &repo.head {
+        Some(HeadFile::Branch(n)) if is_branch(n) || !has_versions => MHead::Branch(n.clone()),
+        Some(HeadFile::Detached(h)) if ids.contains_key(h) => MHead::Detached(ids[h]),
+        _ if is_branch("main") || !has_versions => MHead::Branch("main".into()),
+        _ => match model.refs.iter().find(|(_, r)| matches!(r, Ref::Branch(_))) {
+            Some((n, _)) => MHead::Branch(n.clone()),
+            None => MHead::Detached(*model.live().last().unwrap()),
+        },
+    };
+    model.working = model.head_vars();
+    (model, known)
+}
+
+impl Side {
+    fn open(repo: &Repo, backend: &Arc<dyn Backend>) -> Result<Side, TestCaseError> {
+        let store = Store::open_backend(backend.clone(), config())
+            .map_err(|e| TestCaseError::fail(format!("open: {e}")))?;
+        let (model, hashes) = predict_open(repo);
+        let side = Side {
+            store,
+            model,
+            hashes,
+            seen: repo.refs.clone(),
+            markers: repo.pruned.clone(),
+            head_seen: repo.head.clone(),
+        };
+        side.check_hashes()?;
+        check(&side.store, &side.model)?;
+        Ok(side)
+    }
+
+    /// Every version the test knows the content address of has it in the store.
+    fn check_hashes(&self) -> Result<(), TestCaseError> {
+        for (id, h) in &self.hashes {
+            if self.model.node(*id).is_ok() {
+                let got = self.store.version_hash(vid(*id)).ok();
+                prop_assert_eq!(got, Some(*h), "content address of v{}", id);
+            }
+        }
+        Ok(())
+    }
+
+    /// `save`, predicted from the repository model; updates both.
+    fn save(&mut self, repo: &mut Repo, backend: &Arc<dyn Backend>) -> Result<bool, TestCaseError> {
+        let before = Fingerprint::of(&self.store);
+        let got = if self.store.location().is_some() {
+            self.store.save()
+        } else {
+            self.store.save_to(backend.clone())
+        };
+        // Versions: every one reachable from a ref or HEAD.
+        for id in reachable(&self.model) {
+            let h = self
+                .store
+                .version_hash(vid(id))
+                .map_err(|e| TestCaseError::fail(format!("v{id} unsaved: {e}")))?;
+            if let Some(old) = self.hashes.insert(id, h) {
+                prop_assert_eq!(old, h, "v{} changed its content address", id);
+            }
+            let node = self.model.node(id).unwrap();
+            let parents = node.parents.iter().map(|p| self.hashes[p]).collect();
+            repo.versions.entry(h).or_insert_with(|| Saved {
+                parents,
+                message: node.message.clone(),
+                meta: node.meta.clone(),
+                vars: node.vars.clone(),
+                seq: id,
+            });
+        }
+        // Prune markers for saved versions pruned since.
+        for (id, h) in &self.hashes {
+            if self.model.node(*id).is_err() && !self.markers.contains_key(h) {
+                let parents = repo.versions[h].parents.clone();
+                repo.pruned.insert(*h, parents.clone());
+                self.markers.insert(*h, parents);
+            }
+        }
+        // Refs: create-if-absent after the entry seen; fast-forwards go on.
+        let ids = inverse(&self.hashes);
+        let mut names: Vec<String> = self.model.refs.keys().cloned().collect();
+        names.extend(self.seen.keys().cloned());
+        names.sort();
+        names.dedup();
+        let mut conflicts = Vec::new();
+        for name in names {
+            let want = ref_state(self.model.refs.get(&name), &self.hashes);
+            let seen = self.seen.get(&name).cloned();
+            if seen.as_ref().map_or(want.is_none(), |(_, s)| *s == want) {
+                continue;
+            }
+            let seq = seen.as_ref().map_or(0, |(s, _)| s + 1);
+            let latest = repo.refs.get(&name).cloned();
+            let write_at = match latest {
+                None => Some(seq),
+                Some((l, _)) if l < seq => Some(seq),
+                Some((l, theirs)) if theirs == want => {
+                    self.seen.insert(name.clone(), (l, theirs));
+                    None
+                }
+                Some((l, theirs)) => {
+                    let ff = match (theirs, want) {
+                        (Some((tb, Some(t))), Some((wb, Some(w)))) if tb == wb => ids
+                            .get(&t)
+                            .is_some_and(|t| self.model.ancestors(ids[&w]).contains(t)),
+                        _ => false,
+                    };
+                    if ff {
+                        Some(l + 1)
+                    } else {
+                        conflicts.push(name.clone());
+                        None
+                    }
+                }
+            };
+            if let Some(s) = write_at {
+                repo.refs.insert(name.clone(), (s, want));
+                self.seen.insert(name, (s, want));
+            }
+        }
+        let head = match &self.model.head {
+            MHead::Branch(n) => HeadFile::Branch(n.clone()),
+            MHead::Detached(v) => HeadFile::Detached(self.hashes[v]),
+        };
+        let head_conflicts = matches!(&head, HeadFile::Branch(n) if conflicts.contains(n));
+        if self.head_seen.as_ref() != Some(&head) && !head_conflicts {
+            repo.head = Some(head.clone());
+            self.head_seen = Some(head);
+        }
+        match (got, conflicts.first()) {
+            (Ok(_), None) => {}
+            (Err(Error::Conflict { branch }), Some(want)) => {
+                prop_assert_eq!(&branch, want);
+                prop_assert_eq!(
+                    &Fingerprint::of(&self.store).without_pool(),
+                    &before.without_pool(),
+                    "a conflicting save changed the store"
+                );
+            }
+            (got, want) => prop_assert!(false, "save: {:?}, model conflicts {:?}", got, want),
+        }
+        self.check_hashes()?;
+        check(&self.store, &self.model)?;
+        count(usize::from(!conflicts.is_empty()));
+        Ok(conflicts.is_empty())
+    }
+
+    /// `refresh`, predicted from the repository model.
+    fn refresh(&mut self, repo: &Repo) -> Result<(), TestCaseError> {
+        let changed: Vec<(String, (u64, RefState))> = repo
+            .refs
+            .iter()
+            .filter(|(n, (seq, _))| self.seen.get(*n).is_none_or(|(s, _)| s < seq))
+            .map(|(n, e)| (n.clone(), *e))
+            .collect();
+        let roots: Vec<ContentHash> = changed
+            .iter()
+            .filter_map(|(_, (_, s))| s.and_then(|s| s.1))
+            .collect();
+        self.markers
+            .extend(repo.pruned.iter().map(|(h, p)| (*h, p.clone())));
+        // Versions pruned here since are loaded again, under new ids.
+        let pruned: Vec<u64> = self
+            .hashes
+            .iter()
+            .filter(|(id, h)| roots.contains(h) && self.model.node(**id).is_err())
+            .map(|(id, _)| *id)
+            .collect();
+        for id in pruned {
+            self.hashes.remove(&id);
+        }
+        let live_before = self.model.live().len();
+        load(
+            repo,
+            &self.markers,
+            &mut self.model,
+            &mut self.hashes,
+            &roots,
+        );
+        let loaded = self.model.live().len() - live_before;
+        let ids = inverse(&self.hashes);
+        let mut updated = Vec::new();
+        let mut diverged = Vec::new();
+        for (name, (seq, theirs)) in changed {
+            let local = ref_state(self.model.refs.get(&name), &self.hashes);
+            let unchanged_here = match self.seen.get(&name) {
+                Some((_, s)) => *s == local,
+                None => local.is_none(),
+            };
+            if local == theirs {
+                self.seen.insert(name, (seq, theirs));
+                continue;
+            }
+            let checked_out = self.model.head_branch() == Some(name.as_str());
+            let not_branch = !theirs.is_some_and(|t| t.0);
+            if !unchanged_here || (checked_out && (self.model.dirty() || not_branch)) {
+                diverged.push(name);
+                continue;
+            }
+            match to_ref(&theirs, &ids) {
+                Some(r) => {
+                    self.model.refs.insert(name.clone(), r);
+                    if checked_out {
+                        self.model.working = self.model.node(r.target().0).unwrap().vars.clone();
+                        self.model.redo.clear();
+                    }
+                }
+                None => {
+                    self.model.refs.remove(&name);
+                }
+            }
+            self.seen.insert(name.clone(), (seq, theirs));
+            updated.push(name);
+        }
+        let stats = self
+            .store
+            .refresh()
+            .map_err(|e| TestCaseError::fail(format!("refresh: {e}")))?;
+        prop_assert_eq!(stats.versions_loaded, loaded);
+        if loaded > 0 {
+            count(5);
+        }
+        prop_assert_eq!(stats.refs_updated, updated);
+        prop_assert_eq!(stats.diverged, diverged);
+        self.check_hashes()?;
+        check(&self.store, &self.model)
+    }
+}
+
+/// What `gc_with(GcOptions::immediate())` run by `side` deletes: versions and prune
+/// markers that neither the repository's refs and HEAD nor the versions `side` holds
+/// reach (the store then forgets the deleted versions it had saved).
+fn gc(repo: &mut Repo, side: &mut Side) {
+    let mut roots: Vec<ContentHash> = repo
+        .refs
+        .values()
+        .filter_map(|(_, s)| s.and_then(|s| s.1))
+        .collect();
+    if let Some(HeadFile::Detached(h)) = &repo.head {
+        roots.push(*h);
+    }
+    roots.extend(
+        side.hashes
+            .iter()
+            .filter(|(id, _)| side.model.node(**id).is_ok())
+            .map(|(_, h)| *h),
+    );
+    let root_set: HashSet<ContentHash> = roots.iter().copied().collect();
+    let (mut versions, mut markers) = (HashSet::new(), HashSet::new());
+    let mut seen = HashSet::new();
+    while let Some(h) = roots.pop() {
+        if !seen.insert(h) {
+            continue;
+        }
+        if !root_set.contains(&h) {
+            if let Some(ps) = repo.pruned.get(&h) {
+                markers.insert(h);
+                roots.extend(ps.iter().copied());
+                continue;
+            }
+        }
+        versions.insert(h);
+        roots.extend(repo.versions[&h].parents.iter().copied());
+    }
+    repo.pruned.retain(|h, _| markers.contains(h));
+    side.hashes.retain(|_, h| versions.contains(h));
+    side.markers
+        .extend(repo.pruned.iter().map(|(h, p)| (*h, p.clone())));
+}
+
+/// One step of the test.
+#[derive(Clone, Debug)]
+enum Step {
+    Core(Op),
+    Save,
+    /// Drop the store and open the repository again.
+    Reopen,
+    /// Clear the reflog, prune versions no ref reaches, save, and gc with no grace.
+    PruneSaveGc,
+    /// A second store opens the repository, commits on branch `other` (or, `shared`, on
+    /// `dev`, which the first store uses too) and saves.
+    Other {
+        shared: bool,
+        name: usize,
+        start: usize,
+        val: usize,
+    },
+    Refresh,
+}
+
+fn run(steps: &[Step]) -> Result<(), TestCaseError> {
+    let backend: Arc<dyn Backend> = Arc::new(MemoryBackend::new());
+    let mut repo = Repo::default();
+    let mut a = Side {
+        store: Store::with_config(config()).unwrap(),
+        model: Model::new(None),
+        hashes: BTreeMap::new(),
+        seen: BTreeMap::new(),
+        head_seen: None,
+        markers: HashMap::new(),
+    };
+    let setup = [
+        Op::Insert {
+            name: 0,
+            shape: 5,
+            seed: 0,
+        },
+        Op::Insert {
+            name: 1,
+            shape: 7,
+            seed: 1,
+        },
+        Op::Commit { loss: 1 },
+    ];
+    let all: Vec<Step> = setup
+        .into_iter()
+        .map(Step::Core)
+        .chain(steps.iter().cloned())
+        .collect();
+    let mut n = 0;
+    for step in &all {
+        let bound = a.store.location().is_some();
+        match step {
+            Step::Core(op) => {
+                for op in op.steps() {
+                    n += 1;
+                    let before = Fingerprint::of(&a.store);
+                    if apply(&mut a.store, &mut a.model, &op, n)? {
+                        prop_assert_eq!(
+                            &Fingerprint::of(&a.store),
+                            &before,
+                            "{:?} failed and changed the store",
+                            op
+                        );
+                    }
+                    check(&a.store, &a.model)?;
+                }
+            }
+            Step::Save => {
+                a.save(&mut repo, &backend)?;
+            }
+            Step::Reopen if bound => {
+                drop(std::mem::replace(&mut a.store, Store::new()));
+                a = Side::open(&repo, &backend)?;
+                count(2);
+            }
+            Step::PruneSaveGc if bound => {
+                a.store.clear_reflog();
+                a.model.reflog.clear();
+                let prune = Op::Prune {
+                    last: None,
+                    every: None,
+                    unreachable: true,
+                    best: None,
+                };
+                apply(&mut a.store, &mut a.model, &prune, n)?;
+                if a.save(&mut repo, &backend)? {
+                    a.store
+                        .gc_with(&GcOptions::immediate())
+                        .map_err(|e| TestCaseError::fail(format!("gc: {e}")))?;
+                    gc(&mut repo, &mut a);
+                    check(&a.store, &a.model)?;
+                    count(3);
+                }
+            }
+            Step::Other {
+                shared,
+                name,
+                start,
+                val,
+            } if bound => {
+                let mut b = Side::open(&repo, &backend)?;
+                let branch = if *shared { "dev" } else { "other" };
+                let Some(head) = b.model.head_id() else {
+                    continue;
+                };
+                if !b.model.refs.contains_key(branch) {
+                    let want = b.model.new_ref(branch, Ref::Branch(vid(head)));
+                    agree(&Op::Discard, b.store.branch(branch, vid(head)), want)?;
+                }
+                let want = b.model.checkout(branch);
+                if agree(&Op::Discard, b.store.checkout(branch), want)? {
+                    continue;
+                }
+                n += 1;
+                let update = Op::Update {
+                    name: *name,
+                    start: *start,
+                    len: 2,
+                    val: *val,
+                    add: true,
+                    out_of_bounds: false,
+                };
+                apply(&mut b.store, &mut b.model, &update, n)?;
+                apply(&mut b.store, &mut b.model, &Op::Commit { loss: *start }, n)?;
+                prop_assert!(
+                    b.save(&mut repo, &backend)?,
+                    "the second store's save conflicted"
+                );
+                count(4);
+            }
+            Step::Refresh if bound => a.refresh(&repo)?,
+            Step::Reopen | Step::PruneSaveGc | Step::Other { .. } | Step::Refresh => {}
+        }
+    }
+    count(6);
+    Ok(())
+}
+
+fn core_op() -> impl Strategy<Value = Op> {
+    let name = 0..2usize;
+    let id = 0..32usize;
+    let refn = prop_oneof![0..4usize];
+    prop_oneof![
+        1 => (name.clone(), 0..SHAPES.len(), 0..5usize)
+            .prop_map(|(name, shape, seed)| Op::Insert { name, shape, seed }),
+        1 => name.clone().prop_map(|name| Op::Remove { name }),
+        5 => (name.clone(), 0..64usize, 0..4usize, 0..VALUES.len(), any::<bool>())
+            .prop_map(|(name, start, len, val, add)| Op::Update {
+                name, start, len, val, add, out_of_bounds: false,
+            }),
+        1 => (name.clone(), prop::bool::weighted(0.3), 0..SHAPES.len(), 0..64usize)
+            .prop_map(|(name, fresh, shape, seed)| Op::Write { name, fresh, shape, seed }),
+        5 => (0..LOSSES.len()).prop_map(|loss| Op::Commit { loss }),
+        2 => (id.clone(), any::<bool>()).prop_map(|(id, tip)| Op::Restore { id, tip }),
+        1 => Just(Op::Discard),
+        2 => Just(Op::Undo),
+        1 => Just(Op::Redo),
+        2 => (refn.clone(), id.clone()).prop_map(|(name, id)| Op::Branch { name, id }),
+        1 => (refn.clone(), id.clone()).prop_map(|(name, id)| Op::Tag { name, id }),
+        2 => refn.clone().prop_map(|name| Op::Checkout { name }),
+        1 => id.clone().prop_map(|id| Op::CheckoutDetached { id }),
+        1 => refn.clone().prop_map(|name| Op::DeleteBranch { name }),
+        1 => refn.clone().prop_map(|name| Op::DeleteTag { name }),
+        1 => Just(Op::Detach),
+        2 => (id.clone(), prop::bool::weighted(0.7), 0..STRATEGIES.len())
+            .prop_map(|(id, tip, strategy)| Op::Merge { id, tip, strategy }),
+        2 => (id.clone(), name.clone(), 0..64usize, 1..VALUES.len())
+            .prop_map(|(id, name, start, val)| Op::Fork { id, name, start, val }),
+        1 => (prop::option::of(1..4usize), any::<bool>())
+            .prop_map(|(last, unreachable)| Op::Prune { last, every: None, unreachable, best: None }),
+    ]
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        12 => core_op().prop_map(Step::Core),
+        3 => Just(Step::Save),
+        2 => Just(Step::Reopen),
+        1 => Just(Step::PruneSaveGc),
+        2 => (any::<bool>(), 0..2usize, 0..64usize, 1..VALUES.len())
+            .prop_map(|(shared, name, start, val)| Step::Other { shared, name, start, val }),
+        2 => Just(Step::Refresh),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: common::cases(64),
+        failure_persistence: Some(Box::new(FileFailurePersistence::Direct(
+            "proptest-regressions/repo_model.txt",
+        ))),
+        ..ProptestConfig::default()
+    })]
+
+    #[test]
+    fn saved_reopened_and_refreshed_stores_match_the_model(steps in prop::collection::vec(step(), 1..40)) {
+        run(&steps)?;
+        report();
+    }
+}
+
+/// Prints what the property runs did (`--nocapture`).
+fn report() {
+    let c = counts();
+    eprintln!(
+        "{} sequences passed: {} saves, {} conflicting saves, {} reopens, {} gc runs, {} saves \
+         by a second store, {} refreshes that loaded versions",
+        c[6], c[0], c[1], c[2], c[3], c[4], c[5]
+    );
+}
+
+#[test]
+fn a_conflict_a_refresh_a_reopen_and_a_gc_in_one_sequence_match_the_model() {
+    let update = |name, start| {
+        Step::Core(Op::Update {
+            name,
+            start,
+            len: 3,
+            val: 1,
+            add: true,
+            out_of_bounds: false,
+        })
+    };
+    let steps = [
+        Step::Core(Op::Branch { name: 1, id: 0 }),
+        Step::Save,
+        // The second store moves `dev` and adds `other`.
+        Step::Other {
+            shared: true,
+            name: 0,
+            start: 3,
+            val: 2,
+        },
+        Step::Other {
+            shared: false,
+            name: 1,
+            start: 9,
+            val: 1,
+        },
+        // This store moves `dev` too: its save is a conflict, the other refs are saved.
+        Step::Core(Op::Checkout { name: 1 }),
+        update(0, 20),
+        Step::Core(Op::Commit { loss: 2 }),
+        Step::Core(Op::Checkout { name: 0 }),
+        update(1, 1),
+        Step::Core(Op::Commit { loss: 3 }),
+        Step::Save,
+        // Refresh: `other` comes in, `dev` is reported as diverged.
+        Step::Refresh,
+        // Delete this store's `dev` without saving and reopen: the repository's `dev`
+        // (the second store's) comes back; prune, save and gc; reopen again.
+        Step::Core(Op::DeleteBranch { name: 1 }),
+        Step::Reopen,
+        Step::Core(Op::Prune {
+            last: Some(1),
+            every: None,
+            unreachable: true,
+            best: None,
+        }),
+        Step::PruneSaveGc,
+        Step::Reopen,
+    ];
+    let before = counts();
+    run(&steps).unwrap();
+    let after = counts();
+    let did: Vec<usize> = (0..7).map(|i| after[i] - before[i]).collect();
+    // saves, conflicting saves, reopens, gc runs, saves by the second store, refreshes
+    // that loaded versions.
+    assert!(did[0] >= 3 && did[1] >= 1 && did[2] == 2, "{did:?}");
+    assert!(did[3] == 1 && did[4] == 2 && did[5] == 1, "{did:?}");
+}
