@@ -477,8 +477,8 @@ impl Side {
 }
 
 /// What `gc_with(GcOptions::immediate())` run by `side` deletes: versions and prune
-/// markers that neither the repository's refs and HEAD nor the versions `side` holds
-/// reach (the store then forgets the deleted versions it had saved).
+/// markers that neither the repository's refs and HEAD nor `side`'s own reach (the store
+/// then forgets the deleted versions it had saved).
 fn gc(repo: &mut Repo, side: &mut Side) {
     let mut roots: Vec<ContentHash> = repo
         .refs
@@ -488,10 +488,11 @@ fn gc(repo: &mut Repo, side: &mut Side) {
     if let Some(HeadFile::Detached(h)) = &repo.head {
         roots.push(*h);
     }
+    let reached = reachable(&side.model);
     roots.extend(
         side.hashes
             .iter()
-            .filter(|(id, _)| side.model.node(**id).is_ok())
+            .filter(|(id, _)| reached.contains(id))
             .map(|(_, h)| *h),
     );
     let root_set: HashSet<ContentHash> = roots.iter().copied().collect();

@@ -65,7 +65,7 @@ impl GcOptions {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[non_exhaustive]
 pub struct GcStats {
-    /// Versions reachable from the saved refs and HEAD, or held by the store.
+    /// Versions reachable from the saved refs and HEAD, or from the store's own.
     pub versions_live: usize,
     /// Chunks those versions hold.
     pub chunks_live: usize,
@@ -108,8 +108,8 @@ fn get(backend: &dyn Backend, key: &str) -> Result<super::backend::Bytes> {
     })
 }
 
-/// Mark: every object the latest ref log entries, HEAD and `held` (versions the store
-/// running gc holds, where still present) reach.
+/// Mark: every object the latest ref log entries, HEAD and `held` (saved versions the
+/// refs and HEAD of the store running gc reach, where still present) reach.
 fn mark(backend: &dyn Backend, objects: &[ObjectInfo], held: &[ContentHash]) -> Result<Live> {
     let mut live = Live::default();
     let mut latest: BTreeMap<String, (u64, String)> = BTreeMap::new();
@@ -136,9 +136,9 @@ fn mark(backend: &dyn Backend, objects: &[ObjectInfo], held: &[ContentHash]) -> 
         Err(e) if is_not_found(&e) => {}
         Err(e) => return Err(e),
     }
-    // The store running gc may have moved on from what the repository's refs and HEAD
-    // say (another process replaced HEAD.json, or moved a branch this store still
-    // holds): what it holds stays, since its heap no longer has those chunks.
+    // The store running gc may differ from what the repository's refs and HEAD say
+    // (another process replaced HEAD.json, or moved a branch this store still has): what
+    // its own refs and HEAD reach stays, since its heap no longer has those chunks.
     let present: HashSet<&str> = objects.iter().map(|o| o.key.as_str()).collect();
     roots.extend(
         held.iter()
@@ -198,7 +198,8 @@ impl Store {
     /// `save`, the repository shrinks), without locks:
     ///
     /// 1. Mark everything the latest saved refs and HEAD reach, and every saved version
-    ///    this store holds (another process may have moved the refs or HEAD since).
+    ///    this store's own branches, tags and HEAD reach (another process may have moved
+    ///    the refs or replaced HEAD since).
     /// 2. Rewrite packs whose live bytes are below `repack_below`: new pack, barrier, new
     ///    index, barrier; the old pack is then unreferenced.
     /// 3. Record every unreferenced object in a gc record (saves from then on write those
@@ -222,11 +223,20 @@ impl Store {
         let mut b = self.repo.take().ok_or_else(|| Error::InvalidArgument {
             reason: "this store has no repository".into(),
         })?;
-        let held: Vec<ContentHash> = b
-            .saved
+        // What this store's own branches, tags and HEAD reach (and it has saved).
+        let mut reach: HashSet<crate::history::VersionId> = HashSet::new();
+        let tips = self
+            .hist
+            .refs
+            .values()
+            .map(|r| r.target())
+            .chain(self.hist.head_id());
+        for tip in tips {
+            reach.extend(self.hist.ancestors(tip).unwrap_or_default());
+        }
+        let held: Vec<ContentHash> = reach
             .iter()
-            .filter(|(id, _)| self.hist.node(**id).is_ok())
-            .map(|(_, h)| *h)
+            .filter_map(|id| b.saved.get(id).copied())
             .collect();
         let result = gc_into(&mut b, options, &held);
         self.repo = Some(b);
