@@ -246,3 +246,37 @@ fn metadata_round_trips_through_save_and_open() {
         .json();
     assert_eq!(v["meta"], serde_json::json!({"loss": 0.7, "step": 2}));
 }
+
+#[test]
+fn import_into_a_new_relative_repository_path_creates_it() {
+    // `--repo repo` names a directory relative to the working directory, whose parent
+    // is the empty path: the new repository is created and synced there.
+    let cwd = tempfile::tempdir().unwrap();
+    let mut src = Store::new();
+    src.insert("w", &ndarray::array![1.0f32, 2.0, 3.0]).unwrap();
+    let v = src.commit("w").unwrap();
+    src.export_safetensors(v, cwd.path().join("in.safetensors"))
+        .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tensor-history"))
+        .current_dir(cwd.path())
+        .args([
+            "--repo",
+            "repo",
+            "import",
+            "in.safetensors",
+            "-m",
+            "imported",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let store = Store::open(cwd.path().join("repo")).unwrap();
+    assert_eq!(
+        store.get::<f32>("w").unwrap(),
+        ndarray::array![1.0f32, 2.0, 3.0].into_dyn()
+    );
+}

@@ -65,7 +65,7 @@ impl GcOptions {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[non_exhaustive]
 pub struct GcStats {
-    /// Versions reachable from the saved refs and HEAD, or from the store's own.
+    /// Versions reachable from the saved refs and HEAD, or held by the store.
     pub versions_live: usize,
     /// Chunks those versions hold.
     pub chunks_live: usize,
@@ -109,7 +109,7 @@ fn get(backend: &dyn Backend, key: &str) -> Result<super::backend::Bytes> {
 }
 
 /// Mark: every object the latest ref log entries, HEAD and `held` (saved versions the
-/// refs and HEAD of the store running gc reach, where still present) reach.
+/// store running gc holds, where still present) reach.
 fn mark(backend: &dyn Backend, objects: &[ObjectInfo], held: &[ContentHash]) -> Result<Live> {
     let mut live = Live::default();
     let mut latest: BTreeMap<String, (u64, String)> = BTreeMap::new();
@@ -198,8 +198,8 @@ impl Store {
     /// `save`, the repository shrinks), without locks:
     ///
     /// 1. Mark everything the latest saved refs and HEAD reach, and every saved version
-    ///    this store's own branches, tags and HEAD reach (another process may have moved
-    ///    the refs or replaced HEAD since).
+    ///    this store holds (another process may have moved the refs or replaced HEAD
+    ///    since; prune first to let gc delete versions no ref reaches).
     /// 2. Rewrite packs whose live bytes are below `repack_below`: new pack, barrier, new
     ///    index, barrier; the old pack is then unreferenced.
     /// 3. Record every unreferenced object in a gc record (saves from then on write those
@@ -223,20 +223,12 @@ impl Store {
         let mut b = self.repo.take().ok_or_else(|| Error::InvalidArgument {
             reason: "this store has no repository".into(),
         })?;
-        // What this store's own branches, tags and HEAD reach (and it has saved).
-        let mut reach: HashSet<crate::history::VersionId> = HashSet::new();
-        let tips = self
-            .hist
-            .refs
-            .values()
-            .map(|r| r.target())
-            .chain(self.hist.head_id());
-        for tip in tips {
-            reach.extend(self.hist.ancestors(tip).unwrap_or_default());
-        }
-        let held: Vec<ContentHash> = reach
+        // Every saved version this store still holds (it reads their chunks back).
+        let held: Vec<ContentHash> = b
+            .saved
             .iter()
-            .filter_map(|id| b.saved.get(id).copied())
+            .filter(|(id, _)| self.hist.node(**id).is_ok())
+            .map(|(_, h)| *h)
             .collect();
         let result = gc_into(&mut b, options, &held);
         self.repo = Some(b);

@@ -116,6 +116,12 @@ impl LocalDir {
             Err(e) => return Err(io_error(dir, &e)),
         }
         if let Some(parent) = dir.parent() {
+            // A relative path's last parent is "": the current directory.
+            let parent = if parent.as_os_str().is_empty() {
+                Path::new(".")
+            } else {
+                parent
+            };
             self.lock().dirs.insert(parent.to_path_buf());
         }
         Ok(())
