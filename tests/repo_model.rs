@@ -23,7 +23,7 @@ use tensor_history::{
     Backend, Config, ContentHash, Error, GcOptions, MemoryBackend, Meta, Ref, Store,
 };
 
-use model::driver::{agree, apply, check, Fingerprint, Op, LOSSES, SHAPES, STRATEGIES};
+use model::driver::{agree, apply, check, Fingerprint, Op, LOSSES, SETUP, SHAPES, STRATEGIES};
 use model::{vid, MHead, MNode, MVars, Model, CHUNK_BYTES, VALUES};
 
 thread_local! {
@@ -70,6 +70,21 @@ struct Repo {
     refs: BTreeMap<String, (u64, RefState)>,
     head: Option<HeadFile>,
     pruned: HashMap<ContentHash, Vec<ContentHash>>,
+}
+
+impl Repo {
+    /// The versions the repository's refs and a detached HEAD name.
+    fn roots(&self) -> Vec<ContentHash> {
+        let mut roots: Vec<ContentHash> = self
+            .refs
+            .values()
+            .filter_map(|(_, s)| s.and_then(|s| s.1))
+            .collect();
+        if let Some(HeadFile::Detached(h)) = &self.head {
+            roots.push(*h);
+        }
+        roots
+    }
 }
 
 /// A store bound to the repository and what the test knows of it: its model, its
@@ -231,14 +246,7 @@ fn load(
 fn predict_open(repo: &Repo) -> (Model, BTreeMap<u64, ContentHash>) {
     let mut model = Model::new(None);
     let mut known = BTreeMap::new();
-    let mut roots: Vec<ContentHash> = repo
-        .refs
-        .values()
-        .filter_map(|(_, s)| s.and_then(|s| s.1))
-        .collect();
-    if let Some(HeadFile::Detached(h)) = &repo.head {
-        roots.push(*h);
-    }
+    let roots = repo.roots();
     load(repo, &repo.pruned, &mut model, &mut known, &roots);
     let ids = inverse(&known);
     for (name, (_, state)) in &repo.refs {
@@ -483,14 +491,7 @@ impl Side {
 /// markers that neither the repository's refs and HEAD nor `side`'s own reach (the store
 /// then forgets the deleted versions it had saved).
 fn gc(repo: &mut Repo, side: &mut Side) {
-    let mut roots: Vec<ContentHash> = repo
-        .refs
-        .values()
-        .filter_map(|(_, s)| s.and_then(|s| s.1))
-        .collect();
-    if let Some(HeadFile::Detached(h)) = &repo.head {
-        roots.push(*h);
-    }
+    let mut roots = repo.roots();
     roots.extend(
         side.hashes
             .iter()
@@ -551,24 +552,8 @@ fn run(steps: &[Step]) -> Result<(), TestCaseError> {
         head_seen: None,
         markers: HashMap::new(),
     };
-    let setup = [
-        Op::Insert {
-            name: 0,
-            shape: 5,
-            seed: 0,
-        },
-        Op::Insert {
-            name: 1,
-            shape: 7,
-            seed: 1,
-        },
-        Op::Commit { loss: 1 },
-    ];
-    let all: Vec<Step> = setup
-        .into_iter()
-        .map(Step::Core)
-        .chain(steps.iter().cloned())
-        .collect();
+    let setup = SETUP.into_iter().chain([Op::Commit { loss: 1 }]);
+    let all: Vec<Step> = setup.map(Step::Core).chain(steps.iter().cloned()).collect();
     let mut n = 0;
     for step in &all {
         let bound = a.store.location().is_some();

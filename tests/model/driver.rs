@@ -549,6 +549,21 @@ pub fn check(store: &Store, model: &Model) -> Result<(), TestCaseError> {
     Ok(())
 }
 
+/// The first actions of every run: two variables (several chunks each) so that most
+/// edits hit something.
+pub const SETUP: [Op; 2] = [
+    Op::Insert {
+        name: 0,
+        shape: 5,
+        seed: 0,
+    },
+    Op::Insert {
+        name: 1,
+        shape: 7,
+        seed: 1,
+    },
+];
+
 pub fn run(max_versions: Option<usize>, ops: &[Op]) -> Result<(), TestCaseError> {
     let mut store = Store::with_config(Config {
         chunk_bytes: CHUNK_BYTES,
@@ -557,20 +572,7 @@ pub fn run(max_versions: Option<usize>, ops: &[Op]) -> Result<(), TestCaseError>
     })
     .unwrap();
     let mut model = Model::new(max_versions);
-    // Start with two variables (several chunks each) so that most edits hit something.
-    let setup = [
-        Op::Insert {
-            name: 0,
-            shape: 5,
-            seed: 0,
-        },
-        Op::Insert {
-            name: 1,
-            shape: 7,
-            seed: 1,
-        },
-    ];
-    let steps: Vec<Op> = setup.iter().chain(ops).flat_map(Op::steps).collect();
+    let steps: Vec<Op> = SETUP.iter().chain(ops).flat_map(Op::steps).collect();
     for (step, op) in steps.iter().enumerate() {
         let before = Fingerprint::of(&store);
         if apply(&mut store, &mut model, op, step)? {
