@@ -387,3 +387,50 @@ fn a_detached_head_naming_a_missing_version_falls_back_to_main() {
     assert_eq!(store.head(), head);
     store.verify().unwrap();
 }
+
+/// A gc generation entry is only a key to readers: with its body damaged, or removed,
+/// or with a stray file beside it, saves, refreshes and gc go on and the repository
+/// stays readable.
+#[test]
+fn a_damaged_gc_generation_entry_is_ignored_by_saves_refreshes_and_gc() {
+    let base = tempfile::tempdir().unwrap();
+    let known = build(base.path());
+    let gens = base.path().join("gc/generations");
+    let entries: Vec<PathBuf> = std::fs::read_dir(&gens)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(entries.len(), 1, "{entries:?}");
+    let entry = &entries[0];
+    let len = std::fs::metadata(entry).unwrap().len() as usize;
+    let mut cases: Vec<Option<Damage>> = damages(len).into_iter().map(Some).collect();
+    cases.push(None); // a stray file instead
+    for damage in cases {
+        let case = tempfile::tempdir().unwrap();
+        copy_dir(base.path(), case.path());
+        let rel = entry.strip_prefix(base.path()).unwrap();
+        match damage {
+            Some(d) => apply(&case.path().join(rel), d),
+            None => std::fs::write(case.path().join("gc/generations/x.json"), b"\xff").unwrap(),
+        }
+        let mut a = Store::open(case.path()).unwrap();
+        let mut b = Store::open(case.path()).unwrap();
+        b.update_map::<f32>("w", |x| x + 1.0).unwrap();
+        b.commit("more").unwrap();
+        b.save().unwrap();
+        b.gc_with(&GcOptions::immediate()).unwrap();
+        a.refresh().unwrap();
+        a.save().unwrap();
+        a.gc_with(&GcOptions::immediate()).unwrap();
+        let r = Store::open(case.path()).unwrap();
+        r.verify().unwrap();
+        assert_eq!(r.message(r.head().unwrap()).unwrap(), "more", "{damage:?}");
+        for (name, _) in r.refs() {
+            let id = r.resolve(&name).unwrap();
+            let hash = r.version_hash(id).unwrap().to_string();
+            if let Some(want) = known.get(&hash) {
+                assert_eq!(&contents(&r, id).unwrap(), want, "{damage:?}: {name}");
+            }
+        }
+    }
+}

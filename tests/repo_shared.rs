@@ -254,3 +254,119 @@ fn a_save_after_another_stores_gc_deleted_packs_writes_the_chunks_again() {
     let tip = c.resolve("again").unwrap();
     assert_eq!(c.snapshot(tip).unwrap().get::<f32>("w").unwrap(), changed);
 }
+
+/// The files below `dir/sub`, recursively.
+fn count_files(dir: &std::path::Path, sub: &str) -> usize {
+    let mut n = 0;
+    let mut todo = vec![dir.join(sub)];
+    while let Some(d) = todo.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in entries {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                todo.push(p);
+            } else {
+                n += 1;
+            }
+        }
+    }
+    n
+}
+
+/// A long-lived store saves a version; another store runs a whole gc cycle (grace 0)
+/// that deletes only that version and a manifest of it, no pack, and removes its gc
+/// record; the first store then commits on top of the version, reusing the manifest,
+/// and saves (after a refresh, or not). The save must write both again: a repository
+/// whose new ref reaches a deleted version or manifest is broken for every reader.
+#[test]
+fn a_save_after_another_stores_gc_deleted_only_versions_and_manifests_writes_them_again() {
+    for refresh_first in [false, true] {
+        let dir = shared_repo();
+        let mut a = open(&dir);
+        let w = a.get::<f32>("w").unwrap();
+        let flat = w.clone().into_shape_with_order(vec![256]).unwrap();
+        a.branch("exp", a.head().unwrap()).unwrap();
+        a.checkout("exp").unwrap();
+        // Same bytes as `w`, another shape: a new manifest, no new chunk.
+        a.insert("v", &flat).unwrap();
+        let e1 = a.commit("exp 1").unwrap();
+        let saved = a.save().unwrap();
+        assert_eq!(saved.chunks_written, 0, "{saved:?}");
+        let (packs, indexes) = (
+            count_files(dir.path(), "packs"),
+            count_files(dir.path(), "index"),
+        );
+        let (versions, manifests) = (
+            count_files(dir.path(), "versions"),
+            count_files(dir.path(), "manifests"),
+        );
+
+        // Another store deletes the branch, prunes, saves, and collects at once.
+        let mut b = open(&dir);
+        b.checkout("main").unwrap();
+        b.delete_branch("exp").unwrap();
+        b.prune(&Retention::default().drop_unreachable(true))
+            .unwrap();
+        b.save().unwrap();
+        let gc = b.gc_with(&GcOptions::immediate()).unwrap();
+        assert!(gc.objects_deleted >= 2, "{gc:?}");
+        // Only the version and its new manifest went: no pack, no index changed, and no
+        // gc record is left to tell.
+        assert_eq!(count_files(dir.path(), "packs"), packs);
+        assert_eq!(count_files(dir.path(), "index"), indexes);
+        assert_eq!(count_files(dir.path(), "versions"), versions - 1);
+        assert_eq!(count_files(dir.path(), "manifests"), manifests - 1);
+        assert_eq!(
+            std::fs::read_dir(dir.path().join("gc"))
+                .unwrap()
+                .filter(|e| e.as_ref().unwrap().path().is_file())
+                .count(),
+            0
+        );
+        drop(b);
+
+        if refresh_first {
+            a.refresh().unwrap();
+        }
+        // The first store builds on the collected version and reuses its manifest.
+        a.branch("exp2", e1).unwrap();
+        a.checkout("exp2").unwrap();
+        bump(&mut a, 5);
+        let e2 = a.commit("exp 2").unwrap();
+        let want = a.snapshot(e2).unwrap().content_hash();
+        let saved = a.save().unwrap();
+        let r = Store::open_with(dir.path(), config())
+            .unwrap_or_else(|e| panic!("refresh first: {refresh_first}: reopen: {e}"));
+        r.verify().unwrap();
+        // Both written again: the collected version and the manifest of `v`; and the
+        // new version with its new manifest of `w`.
+        assert_eq!(saved.versions_written, 2, "{saved:?}");
+        assert_eq!(saved.manifests_written, 2, "{saved:?}");
+        let tip = r.resolve("exp2").unwrap();
+        assert_eq!(r.snapshot(tip).unwrap().content_hash(), want);
+        assert_eq!(r.snapshot(tip).unwrap().get::<f32>("v").unwrap(), flat);
+        let parent = r.parents(tip).unwrap()[0];
+        assert_eq!(r.message(parent).unwrap(), "exp 1");
+        assert_eq!(
+            r.snapshot(parent).unwrap().content_hash(),
+            a.snapshot(e1).unwrap().content_hash()
+        );
+        // Every version the first store's refs reach is in the repository.
+        for (name, rf) in a.refs() {
+            if name == "exp" {
+                continue; // deleted by the other store, and not moved here since
+            }
+            let h = a.version_hash(rf.target()).unwrap();
+            let id = r.resolve(&h.to_string()).unwrap();
+            let mut todo = vec![rf.target()];
+            while let Some(v) = todo.pop() {
+                let hv = a.version_hash(v).unwrap();
+                assert!(r.resolve(&hv.to_string()).is_ok(), "{name}: {hv} missing");
+                todo.extend(a.parents(v).unwrap());
+            }
+            assert_eq!(r.version_hash(id).unwrap(), h);
+        }
+    }
+}

@@ -1,6 +1,7 @@
 //! Every repository object parser (`tensor_history::parse_object`: config, HEAD, refs,
-//! pruned markers, packs, indexes, manifests, versions, gc records) on arbitrary bytes:
-//! `Ok`, or a typed error naming the object; never a panic, never a huge allocation.
+//! pruned markers, packs, indexes, manifests, versions, gc records, gc generation
+//! entries) on arbitrary bytes: `Ok`, or a typed error naming the object; never a panic,
+//! never a huge allocation.
 //!
 //! The first input byte picks the object kind; with its high bit set the input is sealed
 //! with a valid BLAKE3 trailer, so the fuzzer reaches the body parsers behind the
@@ -25,6 +26,7 @@ pub fn run(data: &[u8]) {
         format!("manifests/00/{ID}.thman"),
         format!("versions/00/{ID}.thver"),
         format!("gc/{ID}.thgc"),
+        "gc/generations/00000000000000000001.json".to_owned(),
     ];
     let key = &keys[usize::from(select & 0x7f) % keys.len()];
     let mut bytes = rest.to_vec();

@@ -427,6 +427,15 @@ pub(crate) struct PrunedJson {
     pub(crate) parents: Vec<ContentHash>,
 }
 
+/// `gc/generations/<seq:020>.json`: created by a gc run before it deletes anything.
+/// Readers use only the key (the highest `seq` is the repository's gc generation); the
+/// body is for people and tools.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct GenerationJson {
+    /// When the gc run started deleting, in nanoseconds since the Unix epoch.
+    pub(crate) time_ns: u64,
+}
+
 pub(crate) fn parse_json<T: for<'de> Deserialize<'de>>(path: &str, bytes: &[u8]) -> Result<T> {
     serde_json::from_slice(bytes).map_err(|e| corrupt(path, format!("unreadable JSON: {e}")))
 }
@@ -448,6 +457,7 @@ pub(crate) const MANIFESTS_PREFIX: &str = "manifests/";
 pub(crate) const VERSIONS_PREFIX: &str = "versions/";
 pub(crate) const PRUNED_PREFIX: &str = "pruned/";
 pub(crate) const GC_PREFIX: &str = "gc/";
+pub(crate) const GENERATIONS_PREFIX: &str = "gc/generations/";
 
 fn fanout(prefix: &str, id: &ContentHash, ext: &str) -> String {
     let hex = id.to_string();
@@ -471,6 +481,22 @@ pub(crate) fn index_key(id: &ContentHash) -> String {
 }
 pub(crate) fn gc_key(id: &ContentHash) -> String {
     format!("{GC_PREFIX}{id}.thgc")
+}
+
+/// `gc/generations/<seq:020>.json`.
+pub(crate) fn generation_key(seq: u64) -> String {
+    format!("{GENERATIONS_PREFIX}{seq:020}.json")
+}
+
+/// The sequence number of a gc generation key.
+pub(crate) fn parse_generation_key(key: &str) -> Option<u64> {
+    let seq = key
+        .strip_prefix(GENERATIONS_PREFIX)?
+        .strip_suffix(".json")?;
+    if seq.len() != 20 || !seq.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    seq.parse().ok()
 }
 
 /// The id in a content-addressed key (`.../<64 hex>.<ext>`), if it is one.
@@ -544,6 +570,11 @@ pub fn parse_object(key: &str, bytes: &[u8]) -> Result<()> {
         parse_json::<RefEntry>(key, bytes).map(|_| ())
     } else if key.starts_with(PRUNED_PREFIX) {
         parse_json::<PrunedJson>(key, bytes).map(|_| ())
+    } else if key.starts_with(GENERATIONS_PREFIX) {
+        if parse_generation_key(key).is_none() {
+            return Err(corrupt(key, "not a gc generation key"));
+        }
+        parse_json::<GenerationJson>(key, bytes).map(|_| ())
     } else if key.ends_with(".thpack") {
         parse_pack(key, bytes, None).map(|_| ())
     } else if key.ends_with(".thidx") {
@@ -569,6 +600,22 @@ mod tests {
             let key = ref_key(name, 7);
             assert_eq!(parse_ref_key(&key), Some((name.to_owned(), 7)), "{key}");
             assert_eq!(key.matches('/').count(), 2, "{key}");
+        }
+    }
+
+    #[test]
+    fn generation_keys_round_trip_and_reject_other_names() {
+        for seq in [0, 1, 42, u64::MAX] {
+            assert_eq!(parse_generation_key(&generation_key(seq)), Some(seq));
+        }
+        for key in [
+            "gc/generations/1.json",
+            "gc/generations/0000000000000000000a.json",
+            "gc/generations/00000000000000000001.json.tmp",
+            "gc/00000000000000000001.json",
+            "gc/generations/99999999999999999999.json",
+        ] {
+            assert_eq!(parse_generation_key(key), None, "{key}");
         }
     }
 
@@ -609,6 +656,7 @@ mod tests {
             "manifests/ab/x.thman",
             "versions/ab/x.thver",
             "gc/x.thgc",
+            "gc/generations/00000000000000000001.json",
         ];
         let mut seed = 1u64;
         for key in keys {

@@ -13,6 +13,7 @@ use super::format::{
     HeadJson, IndexBody, IndexPack, Kind, PrunedJson, RefEntry, GC_PREFIX, HEAD_KEY, INDEX_PREFIX,
     MANIFESTS_PREFIX, PACKS_PREFIX, PRUNED_PREFIX, REFS_PREFIX, VERSIONS_PREFIX,
 };
+use super::generation::{start_generation, trim_generations};
 use super::save::write_pack;
 use super::{Bound, Loc};
 use crate::error::{Error, Result};
@@ -206,10 +207,13 @@ impl Store {
     ///    chunks again instead of reusing them).
     /// 4. Delete the objects of records at least `grace` old that are still unreferenced
     ///    and were not rewritten since (indexes naming deleted packs are first replaced by
-    ///    ones that do not), then the records.
+    ///    ones that do not), then the records. Before the first deletion, a new gc
+    ///    generation entry tells every other store that objects may be gone: their next
+    ///    save or refresh forgets what was deleted, and writes it again when needed.
     ///
     /// A save that runs concurrently never loses data as long as it takes less than
-    /// `grace`: what it writes or reuses is referenced by the time step 4 looks again.
+    /// `grace`: what it writes or reuses is referenced by the time step 4 looks again
+    /// (`docs/FORMAT.md` states the rule and its one narrow exception).
     ///
     /// O(repository metadata) reads + O(dead objects) deletes + O(live bytes of
     /// rewritten packs).
@@ -476,6 +480,23 @@ fn gc_into(b: &mut Bound, options: &GcOptions, held: &[ContentHash]) -> Result<G
         }
         done_records.push(key.clone());
     }
+    // Announce the deletions before making any: a store that saves or refreshes from now
+    // on reads its listings again and forgets what is gone, and a save running now
+    // checks again before it writes a ref. Then look again: an object written again
+    // since the listing above (by a save that found it in a record) stays.
+    let mut generation = None;
+    if !options.dry_run && !doomed.is_empty() {
+        generation = Some(start_generation(backend, now)?);
+        let again: HashMap<String, ObjectInfo> = backend
+            .list("")?
+            .into_iter()
+            .map(|o| (o.key.clone(), o))
+            .collect();
+        doomed.retain(|k| match (modified.get(k), again.get(*k)) {
+            (Some(before), Some(now)) => before.modified == now.modified && before.size == now.size,
+            _ => false,
+        });
+    }
     let doomed_packs: HashSet<ContentHash> = doomed
         .iter()
         .filter(|k| k.starts_with(PACKS_PREFIX))
@@ -547,6 +568,9 @@ fn gc_into(b: &mut Bound, options: &GcOptions, held: &[ContentHash]) -> Result<G
         backend.delete(&k)?;
     }
     backend.barrier()?;
-    b.read_markers()?;
+    if let Some(g) = generation {
+        trim_generations(backend, g)?;
+    }
+    b.catch_up()?;
     Ok(stats)
 }

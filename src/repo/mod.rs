@@ -12,6 +12,7 @@
 pub(crate) mod backend;
 mod format;
 mod gc;
+mod generation;
 mod open;
 mod safetensors;
 mod save;
@@ -377,6 +378,10 @@ pub(crate) struct Bound {
     /// Version objects this store saved or loaded that a gc has deleted since: a save
     /// that needs them writes them again.
     pub(crate) gone: HashSet<String>,
+    /// The latest gc generation seen (`gc/generations/`; 0 without entries).
+    pub(crate) generation: u64,
+    /// The gc records (keys) seen: one that disappears means a gc run deleted objects.
+    pub(crate) records_seen: HashSet<String>,
     /// Stored chunks handed out, so that each is one shared handle.
     stored: Mutex<IdMap<WeakChunk>>,
 }
@@ -412,6 +417,8 @@ impl Bound {
             gc_candidates: HashSet::new(),
             gc_keys: HashSet::new(),
             gone: HashSet::new(),
+            generation: 0,
+            records_seen: HashSet::new(),
             stored: Mutex::new(IdMap::default()),
         }
     }

@@ -11,12 +11,13 @@ use serde::{Deserialize, Serialize};
 
 use super::backend::{is_not_found, Backend, PutOutcome};
 use super::format::{
-    corrupt, id_of_key, manifest_key, parse_gc, parse_json, parse_manifest, parse_ref_key,
-    parse_version, ref_key, to_json, version_key, ConfigJson, HeadJson, Manifest, PackEntry,
-    PrunedJson, RefEntry, VersionBody, CONFIG_KEY, FORMAT_NAME, FORMAT_VERSION, GC_PREFIX,
-    HEADER_LEN, HEAD_KEY, MANIFESTS_PREFIX, PACKS_PREFIX, PACK_ALIGN, PACK_TAIL_LEN, PRUNED_PREFIX,
-    REFS_PREFIX, TRAILER_LEN, VERSIONS_PREFIX,
+    corrupt, id_of_key, manifest_key, parse_json, parse_manifest, parse_ref_key, parse_version,
+    ref_key, to_json, version_key, ConfigJson, HeadJson, Manifest, PackEntry, PrunedJson, RefEntry,
+    VersionBody, CONFIG_KEY, FORMAT_NAME, FORMAT_VERSION, HEADER_LEN, HEAD_KEY, MANIFESTS_PREFIX,
+    PACKS_PREFIX, PACK_ALIGN, PACK_TAIL_LEN, PRUNED_PREFIX, REFS_PREFIX, TRAILER_LEN,
+    VERSIONS_PREFIX,
 };
+use super::generation::GcView;
 use super::RepoChunks;
 use super::{open_path, Bound};
 use crate::config::Config;
@@ -148,8 +149,10 @@ impl Bound {
             Err(e) if is_not_found(&e) => None,
             Err(e) => return Err(e),
         };
+        let view = GcView::read(&*b.backend)?;
         b.read_indexes()?;
         b.read_markers()?;
+        b.take_gc_view(view);
         Ok(b)
     }
 
@@ -180,7 +183,7 @@ impl Bound {
         Ok(())
     }
 
-    /// Read prune markers and gc records not read yet.
+    /// Read prune markers not read yet.
     pub(crate) fn read_markers(&mut self) -> Result<()> {
         for o in self.backend.list(PRUNED_PREFIX)? {
             let Some(id) = id_of_key(&o.key, "json") else {
@@ -194,20 +197,6 @@ impl Bound {
             if let Ok(bytes) = self.backend.get(&o.key) {
                 if let Ok(m) = parse_json::<PrunedJson>(&o.key, &bytes) {
                     self.pruned.insert(id, m.parents);
-                }
-            }
-        }
-        self.gc_candidates.clear();
-        self.gc_keys.clear();
-        for o in self.backend.list(GC_PREFIX)? {
-            let Some(id) = id_of_key(&o.key, "thgc") else {
-                continue;
-            };
-            if let Ok(bytes) = self.backend.get(&o.key) {
-                if let Ok(rec) = parse_gc(&o.key, &bytes, Some(&id)) {
-                    self.gc_candidates
-                        .extend(rec.chunks.iter().map(|h| ContentHash(*h)));
-                    self.gc_keys.extend(rec.keys);
                 }
             }
         }
@@ -648,10 +637,7 @@ fn pick_head(hist: &History, b: &Bound) -> Head {
 }
 
 fn refresh_into(store: &mut Store, b: &mut Bound) -> Result<RefreshStats> {
-    if b.read_indexes()? {
-        b.forget_deleted()?;
-    }
-    b.read_markers()?;
+    b.catch_up()?;
     let refs = read_refs(&*b.backend)?;
     let changed: BTreeMap<String, (u64, RefEntry)> = refs
         .into_iter()

@@ -376,17 +376,49 @@ impl Store {
     }
 }
 
+/// Times a save writes its objects again because a gc deleted objects while it wrote.
+const MAX_SAVE_ROUNDS: usize = 4;
+
 /// The save protocol proper; `b` is updated with what became durable.
 fn save_into(hist: &History, b: &mut Bound) -> Result<Saved> {
-    let backend = b.backend.clone();
     let mut stats = SaveStats::default();
-    // What other processes wrote since: index files (a gc may have replaced some) and gc
-    // records. Objects a record lists are written again rather than reused, so that a
-    // gc that recorded them before this save started never deletes them under it.
-    if b.read_indexes()? {
-        b.forget_deleted()?;
+    let mut round = 0;
+    loop {
+        round += 1;
+        // What other processes wrote since: index files, gc records and generation (a
+        // gc that deleted objects since makes the store forget them first). Objects a
+        // record lists are written again rather than reused, so that a gc that recorded
+        // them before this save started never deletes them under it.
+        b.catch_up()?;
+        let wrote = write_objects(hist, b, &mut stats)?;
+        // A gc run that started deleting since the catch-up (a new generation), or that
+        // finished a run started before it (a record gone), may have deleted objects
+        // this round wrote again or reused: write what is gone again before any ref
+        // names it. Only records make objects deletable, so without any there is
+        // nothing to check.
+        if !(wrote && !b.records_seen.is_empty() && b.gc_moved()?) {
+            break;
+        }
+        if round == MAX_SAVE_ROUNDS {
+            return Err(Error::Io {
+                path: b.location.clone(),
+                kind: std::io::ErrorKind::Interrupted,
+                message: format!(
+                    "gc runs deleted objects during each of {MAX_SAVE_ROUNDS} rounds of this \
+                     save; no ref was written, save again"
+                ),
+            });
+        }
     }
-    b.read_markers()?;
+    write_refs(hist, b, stats)
+}
+
+/// Write the versions the repository lacks (or that gc recorded or deleted): packs,
+/// index, manifests, versions, barrier; record them in `b`. Returns whether anything was
+/// written.
+fn write_objects(hist: &History, b: &mut Bound, stats: &mut SaveStats) -> Result<bool> {
+    let backend = b.backend.clone();
+    let written_before = stats.bytes_written;
     let mut redo = b.gc_keys.clone();
     redo.extend(b.gone.iter().cloned());
     let todo = unsaved_or_recorded(hist, &b.saved, &redo)?;
@@ -509,7 +541,12 @@ fn save_into(hist: &History, b: &mut Bound) -> Result<Saved> {
         b.gone.remove(&version_key(&h));
         b.record_version(v, h, parents);
     }
+    Ok(stats.bytes_written > written_before)
+}
 
+/// Move the refs (create-if-absent entries), then write prune markers and HEAD.
+fn write_refs(hist: &History, b: &mut Bound, mut stats: SaveStats) -> Result<Saved> {
+    let backend = b.backend.clone();
     // Refs: one create-if-absent log entry per ref that changed.
     let hash_of = |v: VersionId| b.saved.get(&v).copied();
     let mut names: BTreeSet<String> = hist.refs.keys().cloned().collect();
