@@ -4,7 +4,13 @@
 
 mod common;
 
-use tensor_history::{Config, Error, GcOptions, MergeStrategy, Retention, Store};
+use std::ops::Range;
+use std::sync::{Arc, Mutex};
+
+use tensor_history::{
+    Backend, Bytes, Config, Error, GcOptions, MemoryBackend, MergeStrategy, ObjectInfo, PutOutcome,
+    Retention, Store,
+};
 
 use common::{ramp, CHUNK_BYTES};
 
@@ -369,4 +375,119 @@ fn a_save_after_another_stores_gc_deleted_only_versions_and_manifests_writes_the
             assert_eq!(r.version_hash(id).unwrap(), h);
         }
     }
+}
+
+/// A backend that runs a hook (once) when a gc generation entry is created, before it
+/// is: what another process does at that moment.
+struct HookAtGeneration {
+    inner: Arc<MemoryBackend>,
+    hook: Mutex<Option<Box<dyn FnOnce() + Send>>>,
+}
+
+impl std::fmt::Debug for HookAtGeneration {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("HookAtGeneration")
+    }
+}
+
+impl Backend for HookAtGeneration {
+    fn get(&self, key: &str) -> tensor_history::Result<Bytes> {
+        self.inner.get(key)
+    }
+    fn get_range(&self, key: &str, range: Range<u64>) -> tensor_history::Result<Bytes> {
+        self.inner.get_range(key, range)
+    }
+    fn put(&self, key: &str, data: &[u8]) -> tensor_history::Result<()> {
+        self.inner.put(key, data)
+    }
+    fn put_if_absent(&self, key: &str, data: &[u8]) -> tensor_history::Result<PutOutcome> {
+        if key.starts_with("gc/generations/") {
+            let hook = self.hook.lock().unwrap().take();
+            if let Some(hook) = hook {
+                hook();
+            }
+        }
+        self.inner.put_if_absent(key, data)
+    }
+    fn list(&self, prefix: &str) -> tensor_history::Result<Vec<ObjectInfo>> {
+        self.inner.list(prefix)
+    }
+    fn delete(&self, key: &str) -> tensor_history::Result<()> {
+        self.inner.delete(key)
+    }
+    fn barrier(&self) -> tensor_history::Result<()> {
+        self.inner.barrier()
+    }
+    fn location(&self) -> String {
+        self.inner.location()
+    }
+}
+
+/// A gc run decides to delete a version and a manifest that it recorded an hour (here:
+/// one run) before; just then another store saves a version built on them, writing
+/// both again since a record lists them. The run lists the repository again after its
+/// generation entry and keeps what was written since its first listing.
+#[test]
+fn a_gc_keeps_what_a_save_wrote_again_between_its_listing_and_its_deletions() {
+    let inner = Arc::new(MemoryBackend::new());
+    let mut a = Store::with_config(config()).unwrap();
+    a.insert("w", &ramp(&[16, 16], 0.0)).unwrap();
+    a.commit("init").unwrap();
+    a.save_to(inner.clone()).unwrap();
+    let flat = a
+        .get::<f32>("w")
+        .unwrap()
+        .into_shape_with_order(vec![256])
+        .unwrap();
+    a.branch("exp", a.head().unwrap()).unwrap();
+    a.checkout("exp").unwrap();
+    a.insert("v", &flat).unwrap();
+    let e1 = a.commit("exp 1").unwrap();
+    a.save().unwrap();
+
+    let hooked = Arc::new(HookAtGeneration {
+        inner: inner.clone(),
+        hook: Mutex::new(None),
+    });
+    let mut b = Store::open_backend(hooked.clone(), config()).unwrap();
+    b.checkout("main").unwrap();
+    b.delete_branch("exp").unwrap();
+    b.prune(&Retention::default().drop_unreachable(true))
+        .unwrap();
+    b.save().unwrap();
+    // Records the version and its manifest of `v`; deletes nothing yet.
+    let gc = b.gc().unwrap();
+    assert!(gc.candidates_recorded >= 2, "{gc:?}");
+    assert_eq!(gc.objects_deleted, 0, "{gc:?}");
+
+    // The next run finds the record due; as it starts deleting, the first store saves.
+    let a = Arc::new(Mutex::new(a));
+    let a_hook = a.clone();
+    *hooked.hook.lock().unwrap() = Some(Box::new(move || {
+        let mut a = a_hook.lock().unwrap();
+        a.branch("exp2", e1).unwrap();
+        a.checkout("exp2").unwrap();
+        bump(&mut a, 5);
+        a.commit("exp 2").unwrap();
+        let saved = a.save().unwrap();
+        assert_eq!(saved.versions_written, 2, "{saved:?}");
+    }));
+    b.gc_with(&GcOptions::immediate()).unwrap();
+    assert!(
+        hooked.hook.lock().unwrap().is_none(),
+        "the hook did not run"
+    );
+
+    let r = Store::open_backend(inner.clone(), config()).unwrap();
+    r.verify().unwrap();
+    let tip = r.resolve("exp2").unwrap();
+    assert_eq!(r.snapshot(tip).unwrap().get::<f32>("v").unwrap(), flat);
+    let parent = r.parents(tip).unwrap()[0];
+    assert_eq!(r.message(parent).unwrap(), "exp 1");
+    // And a later gc (the record is gone; nothing is unreferenced) keeps it all.
+    b.refresh().unwrap();
+    b.gc_with(&GcOptions::immediate()).unwrap();
+    let r = Store::open_backend(inner, config()).unwrap();
+    r.verify().unwrap();
+    assert_eq!(r.message(r.resolve("exp2").unwrap()).unwrap(), "exp 2");
 }
