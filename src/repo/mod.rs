@@ -382,9 +382,13 @@ pub(crate) struct Bound {
     pub(crate) generation: u64,
     /// The gc records (keys) seen: one that disappears means a gc run deleted objects.
     pub(crate) records_seen: HashSet<String>,
-    /// Stored chunks handed out, so that each is one shared handle.
-    stored: Mutex<IdMap<WeakChunk>>,
+    /// Stored chunks handed out, so that each is one shared handle; sharded by the
+    /// first byte of the id so that an open building tensors in parallel rarely waits.
+    stored: [Mutex<IdMap<WeakChunk>>; STORED_SHARDS],
 }
+
+/// Shards of [`Bound`]'s table of stored chunks.
+const STORED_SHARDS: usize = 16;
 
 impl fmt::Debug for Bound {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -419,28 +423,14 @@ impl Bound {
             gone: HashSet::new(),
             generation: 0,
             records_seen: HashSet::new(),
-            stored: Mutex::new(IdMap::default()),
+            stored: std::array::from_fn(|_| Mutex::new(IdMap::default())),
         }
     }
 
     /// The one shared handle of stored chunk `id` of `len` bytes.
     pub(crate) fn stored_chunk(&self, id: ContentHash, len: usize) -> Chunk {
-        let mut cache = self.stored.lock().unwrap_or_else(|p| p.into_inner());
-        self.stored_chunk_in(&mut cache, id, len)
-    }
-
-    /// [`stored_chunk`](Self::stored_chunk) for many `(id, len)` under one lock.
-    pub(crate) fn stored_chunks(
-        &self,
-        chunks: impl Iterator<Item = (ContentHash, usize)>,
-    ) -> Vec<Chunk> {
-        let mut cache = self.stored.lock().unwrap_or_else(|p| p.into_inner());
-        chunks
-            .map(|(id, len)| self.stored_chunk_in(&mut cache, id, len))
-            .collect()
-    }
-
-    fn stored_chunk_in(&self, cache: &mut IdMap<WeakChunk>, id: ContentHash, len: usize) -> Chunk {
+        let shard = &self.stored[usize::from(id.0[0]) % STORED_SHARDS];
+        let mut cache = shard.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(c) = cache.get(&id).and_then(WeakChunk::upgrade) {
             if c.len_bytes() == len {
                 return c;

@@ -374,16 +374,12 @@ fn tensor_of(b: &Bound, key: &str, m: &Manifest) -> Result<Tensor> {
             None => return Err(b.chunks.missing(id, key)),
         }
     }
-    let mut chunks = ChunkVec::new();
-    let stored = b.stored_chunks(
-        m.chunks
-            .iter()
-            .enumerate()
-            .map(|(i, id)| (*id, m.chunk_len(i))),
-    );
-    for c in stored {
-        chunks.push_back(c);
-    }
+    let chunks: ChunkVec = m
+        .chunks
+        .iter()
+        .enumerate()
+        .map(|(i, id)| b.stored_chunk(*id, m.chunk_len(i)))
+        .collect();
     Ok(Tensor::from_parts(m.dtype, &m.shape, m.chunk_elems, chunks))
 }
 
