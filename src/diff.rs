@@ -167,8 +167,8 @@ impl Store {
     /// [`Error::UnknownVersion`](crate::Error::UnknownVersion),
     /// [`Error::PrunedVersion`](crate::Error::PrunedVersion).
     pub fn diff(&self, a: VersionId, b: VersionId) -> Result<Diff> {
-        let va = &self.hist.node(a)?.vars;
-        let vb = &self.hist.node(b)?.vars;
+        let va = self.hist.node(a)?.vars.get()?;
+        let vb = self.hist.node(b)?.vars.get()?;
         Ok(diff_vars(va, vb))
     }
 
@@ -176,8 +176,11 @@ impl Store {
     /// commit). Same cost as [`diff`](Store::diff).
     #[must_use]
     pub fn diff_working(&self) -> Diff {
-        match self.hist.head_id().and_then(|h| self.hist.node(h).ok()) {
-            Some(node) => diff_vars(&node.vars, &self.working),
+        // HEAD's variables are in memory: every move of HEAD reads them into the working
+        // state.
+        let head = self.hist.head_id().and_then(|h| self.hist.node(h).ok());
+        match head.and_then(|node| node.vars.get().ok()) {
+            Some(vars) => diff_vars(vars, &self.working),
             None => diff_vars(&Vars::new(), &self.working),
         }
     }

@@ -3,7 +3,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashSet, VecDeque};
 use std::fmt;
 use std::str::FromStr;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::SystemTime;
 
 use serde::{Deserialize, Serialize};
@@ -86,7 +86,75 @@ pub(crate) struct Version {
     pub(crate) message: Arc<str>,
     pub(crate) meta: Arc<Meta>,
     pub(crate) time: SystemTime,
-    pub(crate) vars: Vars,
+    pub(crate) vars: VersionVars,
+}
+
+/// Reads a version's variables from where they are kept (a repository's manifests).
+pub(crate) trait VarsSource: Send + Sync {
+    fn load(&self) -> Result<Vars>;
+}
+
+/// A version's variables: in memory, or read from a repository on first use and kept
+/// from then on. A store opened from a repository reads only the versions it uses, so
+/// opening costs O(versions) small reads however many tensors each version has.
+#[derive(Clone)]
+pub(crate) struct VersionVars {
+    vars: OnceLock<Vars>,
+    source: Option<Arc<dyn VarsSource>>,
+}
+
+impl VersionVars {
+    /// Variables held in memory.
+    pub(crate) fn held(vars: Vars) -> VersionVars {
+        VersionVars {
+            vars: OnceLock::from(vars),
+            source: None,
+        }
+    }
+
+    /// Variables read from `source` when first asked for.
+    pub(crate) fn lazy(source: Arc<dyn VarsSource>) -> VersionVars {
+        VersionVars {
+            vars: OnceLock::new(),
+            source: Some(source),
+        }
+    }
+
+    /// The variables, read from the repository the first time.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Io`] or [`Error::CorruptObject`] when they cannot be read; nothing is
+    /// kept then, and the next call tries again.
+    pub(crate) fn get(&self) -> Result<&Vars> {
+        if let Some(v) = self.vars.get() {
+            return Ok(v);
+        }
+        let loaded = match &self.source {
+            Some(s) => s.load()?,
+            None => Vars::new(),
+        };
+        Ok(self.vars.get_or_init(|| loaded))
+    }
+
+    /// The variables if they are in memory already.
+    pub(crate) fn loaded(&self) -> Option<&Vars> {
+        self.vars.get()
+    }
+
+    /// Replace the variables (with the same values, differently held).
+    pub(crate) fn set(&mut self, vars: Vars) {
+        self.vars = OnceLock::from(vars);
+    }
+}
+
+impl fmt::Debug for VersionVars {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.vars.get() {
+            Some(v) => f.debug_map().entries(v.iter()).finish(),
+            None => f.write_str("<not read yet>"),
+        }
+    }
 }
 
 /// The arena of versions, the refs and HEAD.
@@ -203,7 +271,7 @@ impl History {
             message: message.into(),
             meta: Arc::new(meta),
             time: SystemTime::now(),
-            vars,
+            vars: VersionVars::held(vars),
         }));
         id
     }

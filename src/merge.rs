@@ -300,7 +300,7 @@ impl Store {
     ) -> Result<VersionId> {
         meta.validate()?;
         let head = self.hist.head_id().ok_or(Error::NoCommits)?;
-        let theirs = self.hist.node(other)?.vars.clone();
+        let theirs = self.hist.node(other)?.vars.get()?.clone();
         if other == head {
             return Err(Error::InvalidArgument {
                 reason: format!("cannot merge {other} into itself"),
@@ -309,9 +309,9 @@ impl Store {
         if self.is_dirty() {
             return Err(Error::UncommittedChanges);
         }
-        let ours = self.hist.node(head)?.vars.clone();
+        let ours = self.hist.node(head)?.vars.get()?.clone();
         let base = match self.hist.merge_base(head, other)? {
-            Some(b) => self.hist.node(b)?.vars.clone(),
+            Some(b) => self.hist.node(b)?.vars.get()?.clone(),
             None => Vars::new(),
         };
         for vars in [&ours, &theirs, &base] {
@@ -409,7 +409,7 @@ impl Store {
         }
         let versions: Vec<Vars> = ids
             .iter()
-            .map(|id| self.hist.node(*id).map(|n| n.vars.clone()))
+            .map(|id| self.hist.node(*id).and_then(|n| n.vars.get().cloned()))
             .collect::<Result<_>>()?;
         if self.is_dirty() {
             return Err(Error::UncommittedChanges);

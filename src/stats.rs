@@ -43,7 +43,10 @@ pub struct Stats {
 
 impl Store {
     fn all_vars(&self) -> impl Iterator<Item = &Vars> + '_ {
-        std::iter::once(&self.working).chain(self.hist.live().map(|(_, n)| &n.vars))
+        // Versions not read from the repository yet are read here; one that cannot be read
+        // is left out (`verify` reports it).
+        std::iter::once(&self.working)
+            .chain(self.hist.live().filter_map(|(_, n)| n.vars.get().ok()))
     }
 
     /// Every distinct chunk held by the working state and the live versions.
@@ -67,7 +70,9 @@ impl Store {
     }
 
     /// Versions, variables, distinct chunks and bytes actually held, logical bytes (what
-    /// deep copies would hold) and the sharing ratio. O(chunks of all versions).
+    /// deep copies would hold) and the sharing ratio. O(chunks of all versions). Reads
+    /// the manifests of versions an opened store has not used yet; a version whose
+    /// manifests cannot be read is left out ([`verify`](Store::verify) reports it).
     #[must_use]
     pub fn stats(&self) -> Stats {
         let unique = self.unique_chunks();
@@ -120,7 +125,7 @@ impl Store {
             t.verify_layout(name)?;
         }
         for (id, node) in self.hist.live() {
-            for (name, t) in node.vars.iter() {
+            for (name, t) in node.vars.get()?.iter() {
                 t.verify_layout(&format!("{name}@{id}"))?;
             }
             for p in &node.parents {

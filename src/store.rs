@@ -437,7 +437,12 @@ impl Store {
     pub fn is_dirty(&self) -> bool {
         match self.hist.head_id().and_then(|h| self.hist.node(h).ok()) {
             None => !self.working.is_empty(),
-            Some(node) => !vars_equal(&self.working, &node.vars),
+            // HEAD's variables are in memory: every move of HEAD reads them into the
+            // working state. Unreadable ones would count as a change.
+            Some(node) => node
+                .vars
+                .get()
+                .map_or(true, |v| !vars_equal(&self.working, v)),
         }
     }
 
@@ -449,7 +454,7 @@ impl Store {
     /// None today.
     pub fn discard(&mut self) -> Result<()> {
         self.working = match self.hist.head_id() {
-            Some(h) => self.hist.node(h)?.vars.clone(),
+            Some(h) => self.hist.node(h)?.vars.get()?.clone(),
             None => Vars::new(),
         };
         Ok(())
@@ -467,7 +472,7 @@ impl Store {
     ///
     /// [`Error::UnknownVersion`], [`Error::PrunedVersion`].
     pub fn restore(&mut self, id: VersionId) -> Result<()> {
-        let vars = self.hist.node(id)?.vars.clone();
+        let vars = self.hist.node(id)?.vars.get()?.clone();
         self.working = vars;
         self.hist.move_head_logged(id, self.config.reflog_entries);
         self.hist.redo.clear();
@@ -499,7 +504,7 @@ impl Store {
     ///
     /// [`Error::UnknownVersion`], [`Error::PrunedVersion`].
     pub fn checkout_detached(&mut self, id: VersionId) -> Result<()> {
-        let vars = self.hist.node(id)?.vars.clone();
+        let vars = self.hist.node(id)?.vars.get()?.clone();
         let from = self.hist.head_id();
         let name = self.hist.head_branch().unwrap_or("HEAD").to_owned();
         self.working = vars;
@@ -549,7 +554,7 @@ impl Store {
             .parents
             .first()
             .ok_or(Error::NothingToUndo)?;
-        self.working = self.hist.node(parent)?.vars.clone();
+        self.working = self.hist.node(parent)?.vars.get()?.clone();
         self.hist
             .move_head_logged(parent, self.config.reflog_entries);
         self.hist.redo.push(head);
@@ -568,7 +573,7 @@ impl Store {
             return Err(Error::UncommittedChanges);
         }
         let next = *self.hist.redo.last().ok_or(Error::NothingToRedo)?;
-        self.working = self.hist.node(next)?.vars.clone();
+        self.working = self.hist.node(next)?.vars.get()?.clone();
         self.hist.redo.pop();
         self.hist.move_head_logged(next, self.config.reflog_entries);
         Ok(next)
@@ -639,7 +644,7 @@ impl Store {
                 })
             }
         };
-        self.working = self.hist.node(tip)?.vars.clone();
+        self.working = self.hist.node(tip)?.vars.get()?.clone();
         let from = self.hist.head_id();
         let left = self.hist.head_branch().unwrap_or("HEAD").to_owned();
         self.hist.head = Head::Branch(name.to_owned());
@@ -760,7 +765,7 @@ impl Store {
             node.message.clone(),
             node.meta.clone(),
             Some(node.time),
-            node.vars.clone(),
+            node.vars.get()?.clone(),
         ))
     }
 

@@ -373,9 +373,39 @@ impl Tensor {
     pub fn to_array<T: Element>(&self) -> Result<ArrayD<T>> {
         self.check_dtype::<T>("")?;
         self.load()?;
-        let mut out = Vec::with_capacity(self.len());
+        let len = self.len();
+        let filled: usize = self.chunks.iter().map(|c| c.as_slice::<T>().len()).sum();
+        if filled != len {
+            return Err(Error::Corrupt {
+                reason: format!("tensor data ({filled} elements) does not fill its shape ({len})"),
+            });
+        }
+        // The copy runs over chunks in parallel once it is large: the new buffer's pages
+        // are touched for the first time here, and page faults scale with cores.
+        let mut out: Vec<T> = Vec::with_capacity(len);
+        let mut rest = &mut out.spare_capacity_mut()[..len];
+        let mut jobs = Vec::with_capacity(self.chunks.len());
         for c in self.chunks.iter() {
-            out.extend_from_slice(c.as_slice::<T>());
+            let src = c.as_slice::<T>();
+            let (dst, tail) = rest.split_at_mut(src.len());
+            jobs.push((dst, src));
+            rest = tail;
+        }
+        map_par_from(
+            PAR_MIN_BYTES_COLD,
+            jobs,
+            len * std::mem::size_of::<T>(),
+            |(dst, src)| {
+                for (d, s) in dst.iter_mut().zip(src) {
+                    d.write(*s);
+                }
+            },
+        );
+        // SAFETY: the chunks, whose lengths sum to `len` (checked above), were copied
+        // into the first `len` elements, one after the other: all are initialized.
+        #[allow(unsafe_code)]
+        unsafe {
+            out.set_len(len);
         }
         ArrayD::from_shape_vec(IxDyn(&self.shape), out).map_err(|e| Error::Corrupt {
             reason: format!("tensor data does not fill its shape: {e}"),

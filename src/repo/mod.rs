@@ -138,7 +138,13 @@ pub(crate) struct RepoChunks {
     pub(crate) bad_indexes: Mutex<Vec<String>>,
     /// Index ids that some index read supersedes.
     superseded: Mutex<HashSet<ContentHash>>,
+    /// Stored chunks handed out, so that each is one shared handle; sharded by the
+    /// first byte of the id so that tensors built in parallel rarely wait.
+    stored: [Mutex<IdMap<WeakChunk>>; STORED_SHARDS],
 }
+
+/// Shards of [`RepoChunks`]'s table of stored chunks.
+const STORED_SHARDS: usize = 16;
 
 impl fmt::Debug for RepoChunks {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -149,6 +155,24 @@ impl fmt::Debug for RepoChunks {
 }
 
 impl RepoChunks {
+    /// The one shared handle of stored chunk `id` of `len` bytes.
+    pub(crate) fn stored_chunk(self: &Arc<Self>, id: ContentHash, len: usize) -> Chunk {
+        let shard = &self.stored[usize::from(id.0[0]) % STORED_SHARDS];
+        let mut cache = shard.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(c) = cache.get(&id).and_then(WeakChunk::upgrade) {
+            if c.len_bytes() == len {
+                return c;
+            }
+        }
+        let source: Arc<dyn ChunkSource> = self.clone();
+        let c = Chunk::stored(id, len, source);
+        if cache.len() > 1024 && cache.len().is_power_of_two() {
+            cache.retain(|_, w| w.is_alive());
+        }
+        cache.insert(id, c.downgrade());
+        c
+    }
+
     pub(crate) fn locate(&self, id: &ContentHash) -> Option<Loc> {
         self.index
             .read()
@@ -382,13 +406,7 @@ pub(crate) struct Bound {
     pub(crate) generation: u64,
     /// The gc records (keys) seen: one that disappears means a gc run deleted objects.
     pub(crate) records_seen: HashSet<String>,
-    /// Stored chunks handed out, so that each is one shared handle; sharded by the
-    /// first byte of the id so that an open building tensors in parallel rarely waits.
-    stored: [Mutex<IdMap<WeakChunk>>; STORED_SHARDS],
 }
-
-/// Shards of [`Bound`]'s table of stored chunks.
-const STORED_SHARDS: usize = 16;
 
 impl fmt::Debug for Bound {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -409,6 +427,7 @@ impl Bound {
                 indexes: Mutex::new(HashSet::new()),
                 bad_indexes: Mutex::new(Vec::new()),
                 superseded: Mutex::new(HashSet::new()),
+                stored: std::array::from_fn(|_| Mutex::new(IdMap::default())),
             }),
             backend,
             saved: HashMap::new(),
@@ -423,26 +442,12 @@ impl Bound {
             gone: HashSet::new(),
             generation: 0,
             records_seen: HashSet::new(),
-            stored: std::array::from_fn(|_| Mutex::new(IdMap::default())),
         }
     }
 
     /// The one shared handle of stored chunk `id` of `len` bytes.
     pub(crate) fn stored_chunk(&self, id: ContentHash, len: usize) -> Chunk {
-        let shard = &self.stored[usize::from(id.0[0]) % STORED_SHARDS];
-        let mut cache = shard.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(c) = cache.get(&id).and_then(WeakChunk::upgrade) {
-            if c.len_bytes() == len {
-                return c;
-            }
-        }
-        let source: Arc<dyn ChunkSource> = self.chunks.clone();
-        let c = Chunk::stored(id, len, source);
-        if cache.len() > 1024 && cache.len().is_power_of_two() {
-            cache.retain(|_, w| w.is_alive());
-        }
-        cache.insert(id, c.downgrade());
-        c
+        self.chunks.stored_chunk(id, len)
     }
 
     pub(crate) fn record_version(

@@ -23,7 +23,9 @@ use super::{open_path, Bound};
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::hash::ContentHash;
-use crate::history::{check_ref_name, Head, History, Ref, Vars, Version, VersionId};
+use crate::history::{
+    check_ref_name, Head, History, Ref, Vars, VarsSource, Version, VersionId, VersionVars,
+};
 use crate::store::{vars_equal, Store};
 use crate::tensor::{ChunkVec, Tensor};
 
@@ -209,12 +211,12 @@ struct Loaded {
     order: Vec<ContentHash>,
     bodies: HashMap<ContentHash, VersionBody>,
     parents: HashMap<ContentHash, Vec<ContentHash>>,
-    vars: HashMap<ContentHash, Vars>,
+    vars: HashMap<ContentHash, VersionVars>,
 }
 
 /// Read every version reachable from `roots` (each with the key of the file that names
-/// it: a ref log entry or HEAD) that `b` does not hold yet, with its manifests, and check
-/// that every chunk is indexed. A root whose version object is absent is an error naming
+/// it: a ref log entry or HEAD) that `b` does not hold yet; their manifests are read when
+/// first used. A root whose version object is absent is an error naming
 /// the ref entry; a detached HEAD naming one is skipped (HEAD only says where to start).
 /// Changes nothing.
 fn read_versions(hist: &History, b: &Bound, roots: &[(ContentHash, String)]) -> Result<Loaded> {
@@ -317,34 +319,19 @@ fn read_versions(hist: &History, b: &Bound, roots: &[(ContentHash, String)]) -> 
         return Err(corrupt(VERSIONS_DIR, "the version graph has a cycle"));
     }
 
-    // Manifests → tensors of stored chunks. Reading and parsing the (small, many)
-    // manifest objects runs in parallel: it is most of an open's time.
-    let mut wanted = Vec::new();
-    let mut seen_m = HashSet::new();
-    for h in &order {
-        for (_, m) in &bodies[h].vars {
-            if seen_m.insert(*m) {
-                wanted.push(ContentHash(*m));
-            }
-        }
-    }
-    let tensors: HashMap<ContentHash, Tensor> = wanted
-        .par_iter()
-        .with_min_len(8)
-        .map(|m| {
-            let key = manifest_key(m);
-            let bytes = must_get(backend, &key)?;
-            let manifest = parse_manifest(&key, &bytes, Some(m))?;
-            Ok((*m, tensor_of(b, &key, &manifest)?))
-        })
-        .collect::<Result<_>>()?;
+    // Each version's variables are read from its manifests when first used.
     let mut vars = HashMap::new();
     for h in &order {
-        let mut v = Vars::new();
-        for (name, m) in &bodies[h].vars {
-            v.insert(name.clone(), tensors[&ContentHash(*m)].clone());
-        }
-        vars.insert(*h, v);
+        let source = ManifestVars {
+            chunks: b.chunks.clone(),
+            backend: b.backend.clone(),
+            vars: bodies[h]
+                .vars
+                .iter()
+                .map(|(name, m)| (name.clone(), ContentHash(*m)))
+                .collect(),
+        };
+        vars.insert(*h, VersionVars::lazy(Arc::new(source)));
     }
     Ok(Loaded {
         order,
@@ -356,8 +343,39 @@ fn read_versions(hist: &History, b: &Bound, roots: &[(ContentHash, String)]) -> 
 
 const VERSIONS_DIR: &str = "versions/";
 
-fn tensor_of(b: &Bound, key: &str, m: &Manifest) -> Result<Tensor> {
-    let locs = b.chunks.locate_all(&m.chunks);
+/// A saved version's variables, read from its manifests on first use.
+struct ManifestVars {
+    chunks: Arc<RepoChunks>,
+    backend: Arc<dyn Backend>,
+    vars: Vec<(String, ContentHash)>,
+}
+
+impl VarsSource for ManifestVars {
+    /// Read and check every manifest (in parallel: they are many small objects), and
+    /// check that every chunk is indexed. Reads no chunk data.
+    fn load(&self) -> Result<Vars> {
+        let tensors: Vec<Tensor> = self
+            .vars
+            .par_iter()
+            .with_min_len(8)
+            .map(|(_, m)| {
+                let key = manifest_key(m);
+                let bytes = must_get(&*self.backend, &key)?;
+                let manifest = parse_manifest(&key, &bytes, Some(m))?;
+                tensor_of(&self.chunks, &key, &manifest)
+            })
+            .collect::<Result<_>>()?;
+        Ok(self
+            .vars
+            .iter()
+            .map(|(name, _)| name.clone())
+            .zip(tensors)
+            .collect())
+    }
+}
+
+fn tensor_of(chunks: &Arc<RepoChunks>, key: &str, m: &Manifest) -> Result<Tensor> {
+    let locs = chunks.locate_all(&m.chunks);
     for (i, (id, loc)) in m.chunks.iter().zip(locs).enumerate() {
         match loc {
             Some(loc) if loc.len == m.chunk_len(i) as u64 => {}
@@ -371,16 +389,21 @@ fn tensor_of(b: &Bound, key: &str, m: &Manifest) -> Result<Tensor> {
                     ),
                 ))
             }
-            None => return Err(b.chunks.missing(id, key)),
+            None => return Err(chunks.missing(id, key)),
         }
     }
-    let chunks: ChunkVec = m
+    let handles: ChunkVec = m
         .chunks
         .iter()
         .enumerate()
-        .map(|(i, id)| b.stored_chunk(*id, m.chunk_len(i)))
+        .map(|(i, id)| chunks.stored_chunk(*id, m.chunk_len(i)))
         .collect();
-    Ok(Tensor::from_parts(m.dtype, &m.shape, m.chunk_elems, chunks))
+    Ok(Tensor::from_parts(
+        m.dtype,
+        &m.shape,
+        m.chunk_elems,
+        handles,
+    ))
 }
 
 /// The key of a pack that holds chunk `id` although no index read lists the pack (its
@@ -473,7 +496,10 @@ fn insert_versions(hist: &mut History, b: &mut Bound, mut loaded: Loaded) -> usi
             message: body.message.as_str().into(),
             time: body.time(),
             meta: Arc::new(body.meta),
-            vars: loaded.vars.remove(&h).unwrap_or_default(),
+            vars: loaded
+                .vars
+                .remove(&h)
+                .unwrap_or_else(|| VersionVars::held(Vars::new())),
         }));
         b.record_version(
             VersionId(id),
@@ -516,9 +542,16 @@ impl Store {
     /// Open the repository at `location` (a directory, created if absent, or a URL)
     /// with the default [`Config`]: refs, HEAD (with its branch) and the version tree
     /// come back as saved, and the working state is HEAD. No chunk data is read: chunks
-    /// are mapped (or fetched) and checked against their hash on first read.
+    /// are mapped (or fetched) and checked against their hash on first read. Of the
+    /// manifests (which chunks make each tensor), only HEAD's are read here; another
+    /// version's are read, once, by the first call that needs its variables
+    /// ([`restore`](Store::restore), [`checkout`](Store::checkout),
+    /// [`snapshot`](Store::snapshot), [`diff`](Store::diff), merges, [`stats`](Store::stats),
+    /// [`verify`](Store::verify), ...). Such a call can then also fail with
+    /// [`Error::Io`] or [`Error::CorruptObject`] naming the manifest, and changes nothing
+    /// when it does.
     ///
-    /// O(versions + tensors) objects read.
+    /// O(versions + HEAD's tensors) objects read.
     ///
     /// ```
     /// # use tensor_history::Store;
@@ -576,7 +609,7 @@ impl Store {
         }
         store.hist.head = pick_head(&store.hist, &b);
         store.working = match store.hist.head_id() {
-            Some(h) => store.hist.node(h)?.vars.clone(),
+            Some(h) => store.hist.node(h)?.vars.get()?.clone(),
             None => Vars::new(),
         };
         store.repo = Some(Box::new(b));
@@ -655,7 +688,9 @@ fn refresh_into(store: &mut Store, b: &mut Bound) -> Result<RefreshStats> {
         }
     }
     let roots = roots_of(b, &changed, None);
-    let loaded = match read_versions(&store.hist, b, &roots) {
+    let loaded = read_versions(&store.hist, b, &roots)
+        .and_then(|l| read_checked_out(store, b, &changed, &l).map(|()| l));
+    let loaded = match loaded {
         Ok(l) => l,
         Err(e) => {
             for (h, id) in revived {
@@ -694,7 +729,8 @@ fn refresh_into(store: &mut Store, b: &mut Bound) -> Result<RefreshStats> {
             Some(r) => {
                 store.hist.refs.insert(name.clone(), r);
                 if checked_out {
-                    let vars = store.hist.node(r.target())?.vars.clone();
+                    // Read before anything changed (see `read_checked_out`).
+                    let vars = store.hist.node(r.target())?.vars.get()?.clone();
                     if !vars_equal(&vars, &store.working) {
                         store.working = vars;
                     }
@@ -709,6 +745,28 @@ fn refresh_into(store: &mut Store, b: &mut Bound) -> Result<RefreshStats> {
         stats.refs_updated.push(name);
     }
     Ok(stats)
+}
+
+/// Read the variables of the version the checked-out branch may move to, so that a
+/// refresh that cannot read them fails before it changes anything.
+fn read_checked_out(
+    store: &Store,
+    b: &Bound,
+    changed: &BTreeMap<String, (u64, RefEntry)>,
+    loaded: &Loaded,
+) -> Result<()> {
+    let Some((_, entry)) = store.hist.head_branch().and_then(|name| changed.get(name)) else {
+        return Ok(());
+    };
+    let Some(h) = entry.version.filter(|_| entry.kind == "branch") else {
+        return Ok(());
+    };
+    if let Some(vars) = loaded.vars.get(&h) {
+        vars.get()?;
+    } else if let Some(node) = b.by_hash.get(&h).and_then(|id| store.hist.node(*id).ok()) {
+        node.vars.get()?;
+    }
+    Ok(())
 }
 
 /// The version whose content address starts with the hex digits `text` (at least 4),

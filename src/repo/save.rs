@@ -129,6 +129,7 @@ fn version_object(
         meta: (*node.meta).clone(),
         vars: node
             .vars
+            .get()?
             .iter()
             .map(|(name, t)| (name.clone(), manifest_of(t).0))
             .collect(),
@@ -307,7 +308,7 @@ impl Store {
         }
         for v in todo {
             let node = self.hist.node(v)?;
-            let chunks: Vec<&Chunk> = node.vars.values().flat_map(|t| t.chunks()).collect();
+            let chunks: Vec<&Chunk> = node.vars.get()?.values().flat_map(|t| t.chunks()).collect();
             hash_chunks(&chunks);
             let (_, h, _) = version_object(&self.hist, v, |p| known.get(&p).copied(), &mut |t| {
                 manifest_bytes(t).1
@@ -340,8 +341,12 @@ impl Store {
             let Ok(node) = self.hist.node_mut(id) else {
                 continue;
             };
+            // A version not read from the repository yet holds nothing to evict.
+            let Some(held) = node.vars.loaded() else {
+                continue;
+            };
             let mut updates = Vec::new();
-            for (name, t) in node.vars.iter() {
+            for (name, t) in held.iter() {
                 let evictable = |c: &Chunk| {
                     !c.is_stored()
                         && !working.contains(&c.addr())
@@ -364,14 +369,14 @@ impl Store {
                     .collect();
                 updates.push((name.clone(), t.with_chunks(chunks)));
             }
-            let changed = !updates.is_empty();
-            let mut vars = node.vars.clone();
+            if updates.is_empty() {
+                continue;
+            }
+            let mut vars = held.clone();
             for (name, t) in updates {
                 vars.insert(name, t);
             }
-            if changed {
-                node.vars = vars;
-            }
+            node.vars.set(vars);
         }
     }
 }
@@ -427,7 +432,7 @@ fn write_objects(hist: &History, b: &mut Bound, stats: &mut SaveStats) -> Result
     let mut seen = HashSet::new();
     let mut chunks: Vec<&Chunk> = Vec::new();
     for v in &todo {
-        for t in hist.node(*v)?.vars.values() {
+        for t in hist.node(*v)?.vars.get()?.values() {
             chunks.extend(t.chunks().filter(|c| seen.insert(c.addr())));
         }
     }
