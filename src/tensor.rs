@@ -2,6 +2,7 @@
 
 use std::collections::HashSet;
 use std::fmt;
+use std::mem::MaybeUninit;
 use std::ops::Range;
 use std::sync::Arc;
 
@@ -67,6 +68,17 @@ fn map_par_from<I: Send, R: Send>(
         items.into_par_iter().with_min_len(1).map(f).collect()
     } else {
         items.into_iter().map(f).collect()
+    }
+}
+
+/// Initialize `dst` with a copy of `src` (of the same length): one `memcpy`.
+#[allow(unsafe_code)]
+fn copy_init<T: Copy>((dst, src): (&mut [MaybeUninit<T>], &[T])) {
+    assert_eq!(dst.len(), src.len(), "copy_init: lengths differ");
+    // SAFETY: both slices are valid for `src.len()` elements (checked above), `dst` is
+    // borrowed mutably so they do not overlap, and `MaybeUninit<T>` has `T`'s layout.
+    unsafe {
+        std::ptr::copy_nonoverlapping(src.as_ptr(), dst.as_mut_ptr().cast::<T>(), src.len());
     }
 }
 
@@ -395,11 +407,7 @@ impl Tensor {
             PAR_MIN_BYTES_COLD,
             jobs,
             len * std::mem::size_of::<T>(),
-            |(dst, src)| {
-                for (d, s) in dst.iter_mut().zip(src) {
-                    d.write(*s);
-                }
-            },
+            copy_init,
         );
         // SAFETY: the chunks, whose lengths sum to `len` (checked above), were copied
         // into the first `len` elements, one after the other: all are initialized.

@@ -1,12 +1,19 @@
 //! Replays every committed fuzz input on stable, so CI checks what the fuzzers found
-//! without a nightly toolchain: each file under `fuzz/corpus/<target>/` is decoded and run
-//! as the target would run it. A new target adds one line to `TARGETS`.
+//! without a nightly toolchain: each file under `fuzz/corpus/<target>/` runs through the
+//! same checks as under the fuzzer (`fuzz/logic/` and the store model's driver). A new
+//! target adds one line to `TARGETS`.
 
 mod model;
 
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::Path;
 
 use arbitrary::{Arbitrary, Unstructured};
+
+#[path = "../fuzz/logic/repo_object.rs"]
+mod repo_object;
+#[path = "../fuzz/logic/safetensors_import.rs"]
+mod safetensors_import;
 
 /// Runs one input the way `fuzz/fuzz_targets/store_actions.rs` does.
 fn store_actions(data: &[u8]) -> Result<(), String> {
@@ -17,23 +24,51 @@ fn store_actions(data: &[u8]) -> Result<(), String> {
     model::driver::run_input(&input).map_err(|e| e.to_string())
 }
 
+/// Runs a target whose checks panic on failure (as a fuzz target does).
+fn panics_as_failure(check: fn(&[u8]), data: &[u8]) -> Result<(), String> {
+    catch_unwind(AssertUnwindSafe(|| check(data))).map_err(|p| {
+        p.downcast_ref::<String>()
+            .cloned()
+            .or_else(|| p.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+            .unwrap_or_else(|| "panicked".to_owned())
+    })
+}
+
+fn repo_object(data: &[u8]) -> Result<(), String> {
+    panics_as_failure(repo_object::run, data)
+}
+
+fn safetensors_import(data: &[u8]) -> Result<(), String> {
+    panics_as_failure(safetensors_import::run, data)
+}
+
 /// How one target runs one input: `Err` describes the failure.
 type Runner = fn(&[u8]) -> Result<(), String>;
 
-/// `(target, runner)`: the corpus directory `fuzz/corpus/<target>` and how to run a file.
-const TARGETS: &[(&str, Runner)] = &[("store_actions", store_actions)];
+/// `(target, runner, at least this many inputs)`: the corpus directory
+/// `fuzz/corpus/<target>`, how to run a file, and how many files it must hold (so that
+/// a corpus lost by mistake fails the test).
+const TARGETS: &[(&str, Runner, usize)] = &[
+    ("store_actions", store_actions, 1),
+    ("repo_object", repo_object, 9),
+    ("safetensors_import", safetensors_import, 7),
+];
 
 #[test]
 fn every_committed_fuzz_input_passes() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus");
-    for (target, run) in TARGETS {
+    for (target, run, at_least) in TARGETS {
         let dir = root.join(target);
         let mut files: Vec<_> = std::fs::read_dir(&dir)
             .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
             .map(|e| e.expect("a directory entry").path())
             .collect();
         files.sort();
-        assert!(!files.is_empty(), "no corpus for {target}");
+        assert!(
+            files.len() >= *at_least,
+            "{target}: {} inputs, expected at least {at_least}",
+            files.len()
+        );
         for file in &files {
             let data = std::fs::read(file).expect("a corpus file");
             if let Err(e) = run(&data) {
