@@ -150,16 +150,24 @@ fn decode_body<T: for<'de> Deserialize<'de>>(path: &str, body: &[u8]) -> Result<
     Ok(value)
 }
 
-/// Reads postcard's encoding of a [`ManifestBody`] directly: an open parses tens of
-/// thousands of chunk ids, and serde's element-by-element path for `[u8; 32]` was most
-/// of the parse time. `None` for anything it does not accept; the caller then asks
-/// postcard, so the result never differs from postcard's (a test checks both ways).
-fn manifest_body_fast(mut b: &[u8]) -> Option<ManifestBody> {
-    fn varint(b: &mut &[u8]) -> Option<u64> {
+/// A reader of postcard's encoding, for the bodies an open parses by the thousands
+/// (manifests, indexes): serde's element-by-element path for `[u8; 32]` was most of
+/// their parse time. Every method returns `None` for anything it does not accept; the
+/// caller then asks postcard, so the result never differs from postcard's (tests check
+/// both ways).
+struct Wire<'a>(&'a [u8]);
+
+impl Wire<'_> {
+    fn byte(&mut self) -> Option<u8> {
+        let (&b, rest) = self.0.split_first()?;
+        self.0 = rest;
+        Some(b)
+    }
+
+    fn varint(&mut self) -> Option<u64> {
         let mut out = 0u64;
         for i in 0..10 {
-            let (&byte, rest) = b.split_first()?;
-            *b = rest;
+            let byte = self.byte()?;
             if i == 9 && byte > 1 {
                 return None;
             }
@@ -170,30 +178,71 @@ fn manifest_body_fast(mut b: &[u8]) -> Option<ManifestBody> {
         }
         None
     }
-    let (&dtype, rest) = b.split_first()?;
-    b = rest;
-    let dims = usize::try_from(varint(&mut b)?).ok()?;
+
+    /// A sequence length, for elements of at least `min_elem` bytes: never more than the
+    /// bytes left could hold, so no allocation is sized by an unchecked length.
+    fn len(&mut self, min_elem: usize) -> Option<usize> {
+        let n = usize::try_from(self.varint()?).ok()?;
+        (n.checked_mul(min_elem)? <= self.0.len()).then_some(n)
+    }
+
+    fn hash(&mut self) -> Option<RawHash> {
+        let (h, rest) = self.0.split_first_chunk::<32>()?;
+        self.0 = rest;
+        Some(*h)
+    }
+
+    fn hashes(&mut self) -> Option<Vec<RawHash>> {
+        let n = self.len(32)?;
+        (0..n).map(|_| self.hash()).collect()
+    }
+
+    /// `value` if every byte was read.
+    fn done<T>(self, value: T) -> Option<T> {
+        self.0.is_empty().then_some(value)
+    }
+}
+
+fn manifest_body_fast(bytes: &[u8]) -> Option<ManifestBody> {
+    let mut w = Wire(bytes);
+    let dtype = w.byte()?;
+    let dims = w.len(1)?;
     if dims > MAX_DIMS {
         return None;
     }
     let shape = (0..dims)
-        .map(|_| varint(&mut b))
+        .map(|_| w.varint())
         .collect::<Option<Vec<u64>>>()?;
-    let chunk_elems = varint(&mut b)?;
-    let n = usize::try_from(varint(&mut b)?).ok()?;
-    if n.checked_mul(32)? != b.len() {
-        return None;
-    }
-    let chunks = b
-        .chunks_exact(32)
-        .map(|c| <RawHash>::try_from(c).ok())
-        .collect::<Option<Vec<RawHash>>>()?;
-    Some(ManifestBody {
+    let chunk_elems = w.varint()?;
+    let chunks = w.hashes()?;
+    w.done(ManifestBody {
         dtype,
         shape,
         chunk_elems,
         chunks,
     })
+}
+
+fn index_body_fast(bytes: &[u8]) -> Option<IndexBody> {
+    let mut w = Wire(bytes);
+    let supersedes = w.hashes()?;
+    let n = w.len(33)?;
+    let mut packs = Vec::with_capacity(n);
+    for _ in 0..n {
+        let pack = w.hash()?;
+        let m = w.len(34)?;
+        let chunks = (0..m)
+            .map(|_| {
+                Some(PackEntry {
+                    id: w.hash()?,
+                    offset: w.varint()?,
+                    len: w.varint()?,
+                })
+            })
+            .collect::<Option<Vec<_>>>()?;
+        packs.push(IndexPack { pack, chunks });
+    }
+    w.done(IndexBody { supersedes, packs })
 }
 
 /// A 32-byte hash as stored in bodies.
@@ -363,7 +412,11 @@ pub(crate) fn parse_index(
     bytes: &[u8],
     want: Option<&ContentHash>,
 ) -> Result<IndexBody> {
-    decode(path, bytes, Kind::Index, want)
+    let raw = body_of(path, bytes, Kind::Index, want)?;
+    match index_body_fast(raw) {
+        Some(body) => Ok(body),
+        None => decode_body(path, raw),
+    }
 }
 
 /// A gc run's record: candidates for deletion, and when they were found.
@@ -659,16 +712,39 @@ pub fn parse_object(key: &str, bytes: &[u8]) -> Result<()> {
 mod tests {
     use super::*;
 
-    /// The direct manifest reader agrees with postcard: same body whenever it accepts,
-    /// and it accepts every well-formed body.
-    #[test]
-    fn manifest_fast_path_agrees_with_postcard() {
+    /// Check a direct reader against postcard on `body`'s encoding and on every flip of
+    /// one of the first 300 bytes (three bits each) and every cut.
+    fn agrees_with_postcard<T>(body: &T, fast: fn(&[u8]) -> Option<T>)
+    where
+        T: Serialize + for<'de> Deserialize<'de> + PartialEq + std::fmt::Debug,
+    {
         let check = |raw: &[u8]| {
-            if let Some(fast) = manifest_body_fast(raw) {
-                let slow: ManifestBody = decode_body("x", raw).expect("postcard accepts");
-                assert_eq!(fast, slow, "{raw:?}");
+            if let Some(f) = fast(raw) {
+                let slow: T = decode_body("x", raw).expect("postcard accepts");
+                assert_eq!(f, slow, "{raw:?}");
             }
         };
+        let raw = postcard::to_allocvec(body).expect("encodes");
+        assert_eq!(
+            fast(&raw).as_ref(),
+            Some(body),
+            "accepts a well-formed body"
+        );
+        for i in 0..raw.len().min(300) {
+            for bit in [0x01, 0x40, 0x80] {
+                let mut b = raw.clone();
+                b[i] ^= bit;
+                check(&b);
+            }
+            check(&raw[..i]);
+        }
+        let mut longer = raw.clone();
+        longer.push(0);
+        assert_eq!(fast(&longer), None, "refuses trailing bytes");
+    }
+
+    #[test]
+    fn manifest_fast_path_agrees_with_postcard() {
         let bodies = [
             ManifestBody {
                 dtype: 3,
@@ -690,29 +766,62 @@ mod tests {
             },
         ];
         for body in &bodies {
-            let raw = postcard::to_allocvec(body).expect("encodes");
-            assert_eq!(manifest_body_fast(&raw).as_ref(), Some(body));
-            check(&raw);
-            for i in 0..raw.len().min(300) {
-                for bit in [0x01, 0x40, 0x80] {
-                    let mut b = raw.clone();
-                    b[i] ^= bit;
-                    check(&b);
-                }
-                check(&raw[..i]);
-            }
-            let mut longer = raw.clone();
-            longer.push(0);
-            assert_eq!(manifest_body_fast(&longer), None);
+            agrees_with_postcard(body, manifest_body_fast);
         }
         // Overlong and overflowing varints.
-        check(&[3, 0x80, 0x00, 1, 0]);
-        check(&[
-            3, 0, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01, 0,
-        ]);
-        check(&[
-            3, 0, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x02, 0,
-        ]);
+        for raw in [
+            &[3, 0x80, 0x00, 1, 0][..],
+            &[
+                3, 0, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01, 0,
+            ],
+            &[
+                3, 0, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x02, 0,
+            ],
+        ] {
+            if let Some(f) = manifest_body_fast(raw) {
+                assert_eq!(Some(f), decode_body::<ManifestBody>("x", raw).ok());
+            }
+        }
+    }
+
+    #[test]
+    fn index_fast_path_agrees_with_postcard() {
+        let entry = |i: u8| PackEntry {
+            id: [i; 32],
+            offset: 64 * u64::from(i),
+            len: 1 << (i % 40),
+        };
+        let bodies = [
+            IndexBody::default(),
+            IndexBody {
+                supersedes: vec![[1; 32], [2; 32]],
+                packs: vec![],
+            },
+            IndexBody {
+                supersedes: vec![],
+                packs: vec![
+                    IndexPack {
+                        pack: [9; 32],
+                        chunks: (0..5).map(entry).collect(),
+                    },
+                    IndexPack {
+                        pack: [8; 32],
+                        chunks: vec![],
+                    },
+                    IndexPack {
+                        pack: [7; 32],
+                        chunks: vec![PackEntry {
+                            id: [0; 32],
+                            offset: u64::MAX,
+                            len: u64::MAX,
+                        }],
+                    },
+                ],
+            },
+        ];
+        for body in &bodies {
+            agrees_with_postcard(body, index_body_fast);
+        }
     }
 
     #[test]
