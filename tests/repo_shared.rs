@@ -377,20 +377,51 @@ fn a_save_after_another_stores_gc_deleted_only_versions_and_manifests_writes_the
     }
 }
 
-/// A backend that runs a hook (once) when a gc generation entry is created, before it
-/// is: what another process does at that moment.
-struct HookAtGeneration {
-    inner: Arc<MemoryBackend>,
-    hook: Mutex<Option<Box<dyn FnOnce() + Send>>>,
+/// A backend operation, as a hook sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Op {
+    Put,
+    PutIfAbsent,
+    List,
+    Delete,
 }
 
-impl std::fmt::Debug for HookAtGeneration {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("HookAtGeneration")
+type Hook = Box<dyn Fn(Op, &str) + Send + Sync>;
+
+/// A memory backend shared by several stores, each through its own `Hooked`, whose hook
+/// runs before every write, listing and deletion: what another process does at that
+/// moment.
+struct Hooked {
+    inner: Arc<MemoryBackend>,
+    hook: Mutex<Option<Hook>>,
+}
+
+impl Hooked {
+    fn new(inner: &Arc<MemoryBackend>) -> Arc<Hooked> {
+        Arc::new(Hooked {
+            inner: inner.clone(),
+            hook: Mutex::new(None),
+        })
+    }
+
+    fn set(&self, hook: impl Fn(Op, &str) + Send + Sync + 'static) {
+        *self.hook.lock().unwrap() = Some(Box::new(hook));
+    }
+
+    fn run(&self, op: Op, key: &str) {
+        if let Some(h) = &*self.hook.lock().unwrap() {
+            h(op, key);
+        }
     }
 }
 
-impl Backend for HookAtGeneration {
+impl std::fmt::Debug for Hooked {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Hooked")
+    }
+}
+
+impl Backend for Hooked {
     fn get(&self, key: &str) -> tensor_history::Result<Bytes> {
         self.inner.get(key)
     }
@@ -398,21 +429,19 @@ impl Backend for HookAtGeneration {
         self.inner.get_range(key, range)
     }
     fn put(&self, key: &str, data: &[u8]) -> tensor_history::Result<()> {
+        self.run(Op::Put, key);
         self.inner.put(key, data)
     }
     fn put_if_absent(&self, key: &str, data: &[u8]) -> tensor_history::Result<PutOutcome> {
-        if key.starts_with("gc/generations/") {
-            let hook = self.hook.lock().unwrap().take();
-            if let Some(hook) = hook {
-                hook();
-            }
-        }
+        self.run(Op::PutIfAbsent, key);
         self.inner.put_if_absent(key, data)
     }
     fn list(&self, prefix: &str) -> tensor_history::Result<Vec<ObjectInfo>> {
+        self.run(Op::List, prefix);
         self.inner.list(prefix)
     }
     fn delete(&self, key: &str) -> tensor_history::Result<()> {
+        self.run(Op::Delete, key);
         self.inner.delete(key)
     }
     fn barrier(&self) -> tensor_history::Result<()> {
@@ -423,17 +452,24 @@ impl Backend for HookAtGeneration {
     }
 }
 
-/// A gc run decides to delete a version and a manifest that it recorded an hour (here:
-/// one run) before; just then another store saves a version built on them, writing
-/// both again since a record lists them. The run lists the repository again after its
-/// generation entry and keeps what was written since its first listing.
-#[test]
-fn a_gc_keeps_what_a_save_wrote_again_between_its_listing_and_its_deletions() {
-    let inner = Arc::new(MemoryBackend::new());
+/// A repository in memory where store `a` (through `hooked_a`) saved `main` and a
+/// version `exp 1` on `exp` with a tensor `v` whose manifest only that version has; a
+/// second store (through `hooked_b`) deleted `exp`, pruned, saved, and ran a gc that
+/// recorded the version and that manifest (deleting nothing yet). Returns `a`, the
+/// second store, `exp 1` and `v`.
+fn recorded_by_another_store(
+    hooked_a: &Arc<Hooked>,
+    hooked_b: &Arc<Hooked>,
+) -> (
+    Store,
+    Store,
+    tensor_history::VersionId,
+    ndarray::ArrayD<f32>,
+) {
     let mut a = Store::with_config(config()).unwrap();
     a.insert("w", &ramp(&[16, 16], 0.0)).unwrap();
     a.commit("init").unwrap();
-    a.save_to(inner.clone()).unwrap();
+    a.save_to(hooked_a.clone()).unwrap();
     let flat = a
         .get::<f32>("w")
         .unwrap()
@@ -445,49 +481,129 @@ fn a_gc_keeps_what_a_save_wrote_again_between_its_listing_and_its_deletions() {
     let e1 = a.commit("exp 1").unwrap();
     a.save().unwrap();
 
-    let hooked = Arc::new(HookAtGeneration {
-        inner: inner.clone(),
-        hook: Mutex::new(None),
-    });
-    let mut b = Store::open_backend(hooked.clone(), config()).unwrap();
+    let mut b = Store::open_backend(hooked_b.clone(), config()).unwrap();
     b.checkout("main").unwrap();
     b.delete_branch("exp").unwrap();
     b.prune(&Retention::default().drop_unreachable(true))
         .unwrap();
     b.save().unwrap();
-    // Records the version and its manifest of `v`; deletes nothing yet.
     let gc = b.gc().unwrap();
     assert!(gc.candidates_recorded >= 2, "{gc:?}");
     assert_eq!(gc.objects_deleted, 0, "{gc:?}");
+    (a, b, e1, flat)
+}
 
-    // The next run finds the record due; as it starts deleting, the first store saves.
-    let a = Arc::new(Mutex::new(a));
-    let a_hook = a.clone();
-    *hooked.hook.lock().unwrap() = Some(Box::new(move || {
-        let mut a = a_hook.lock().unwrap();
-        a.branch("exp2", e1).unwrap();
-        a.checkout("exp2").unwrap();
-        bump(&mut a, 5);
-        a.commit("exp 2").unwrap();
-        let saved = a.save().unwrap();
-        assert_eq!(saved.versions_written, 2, "{saved:?}");
-    }));
-    b.gc_with(&GcOptions::immediate()).unwrap();
-    assert!(
-        hooked.hook.lock().unwrap().is_none(),
-        "the hook did not run"
-    );
+/// `a` branches `exp2` from `e1`, changes `w` and commits.
+fn build_on(a: &mut Store, e1: tensor_history::VersionId) {
+    a.branch("exp2", e1).unwrap();
+    a.checkout("exp2").unwrap();
+    bump(a, 5);
+    a.commit("exp 2").unwrap();
+}
 
-    let r = Store::open_backend(inner.clone(), config()).unwrap();
+/// The repository opens and verifies, and `exp2` holds `v` on top of `exp 1`.
+fn check_exp2(inner: &Arc<MemoryBackend>, flat: &ndarray::ArrayD<f32>) {
+    let r = Store::open_backend(inner.clone(), config()).unwrap_or_else(|e| panic!("reopen: {e}"));
     r.verify().unwrap();
     let tip = r.resolve("exp2").unwrap();
-    assert_eq!(r.snapshot(tip).unwrap().get::<f32>("v").unwrap(), flat);
+    assert_eq!(&r.snapshot(tip).unwrap().get::<f32>("v").unwrap(), flat);
     let parent = r.parents(tip).unwrap()[0];
     assert_eq!(r.message(parent).unwrap(), "exp 1");
+}
+
+/// A gc run decides to delete a version and a manifest that it recorded an hour (here:
+/// one run) before; just then another store saves a version built on them, writing
+/// both again since a record lists them. The run lists the repository again after its
+/// generation entry and keeps what was written since its first listing.
+#[test]
+fn a_gc_keeps_what_a_save_wrote_again_between_its_listing_and_its_deletions() {
+    let inner = Arc::new(MemoryBackend::new());
+    let hooked = Hooked::new(&inner);
+    let (a, mut b, e1, flat) = recorded_by_another_store(&Hooked::new(&inner), &hooked);
+    // The next run finds the record due; as it starts deleting, the first store saves.
+    let a = Arc::new(Mutex::new(Some(a)));
+    let a_hook = a.clone();
+    hooked.set(move |op, key| {
+        if op != Op::PutIfAbsent || !key.starts_with("gc/generations/") {
+            return;
+        }
+        if let Some(mut a) = a_hook.lock().unwrap().take() {
+            build_on(&mut a, e1);
+            let saved = a.save().unwrap();
+            assert_eq!(saved.versions_written, 2, "{saved:?}");
+        }
+    });
+    b.gc_with(&GcOptions::immediate()).unwrap();
+    assert!(a.lock().unwrap().is_none(), "the hook did not run");
+    check_exp2(&inner, &flat);
     // And a later gc (the record is gone; nothing is unreferenced) keeps it all.
     b.refresh().unwrap();
     b.gc_with(&GcOptions::immediate()).unwrap();
-    let r = Store::open_backend(inner, config()).unwrap();
-    r.verify().unwrap();
-    assert_eq!(r.message(r.resolve("exp2").unwrap()).unwrap(), "exp 2");
+    check_exp2(&inner, &flat);
+}
+
+/// A save reads the gc record, then a gc run creates its generation entry and lists the
+/// repository; the save writes the recorded version and manifest again; the run deletes
+/// them (its listing was older) and finishes. The save's check after its barrier finds
+/// the new generation and writes them once more before any ref names them.
+#[test]
+fn a_save_writes_again_what_a_gc_deleted_between_its_writes_and_its_refs() {
+    use std::sync::mpsc::channel;
+    let inner = Arc::new(MemoryBackend::new());
+    let (hooked_a, hooked_b) = (Hooked::new(&inner), Hooked::new(&inner));
+    let (mut a, mut b, e1, flat) = recorded_by_another_store(&hooked_a, &hooked_b);
+    build_on(&mut a, e1);
+
+    let (caught_up_tx, caught_up_rx) = channel::<()>();
+    let (at_delete_tx, at_delete_rx) = channel::<()>();
+    let (go_b_tx, go_b_rx) = channel::<()>();
+    let (b_done_tx, b_done_rx) = channel::<()>();
+    let caught_up_tx = Mutex::new(Some(caught_up_tx));
+    let at_delete_rx = Mutex::new(Some(at_delete_rx));
+    let go_b_tx = Mutex::new(Some(go_b_tx));
+    let b_done_rx = Mutex::new(Some(b_done_rx));
+    let wrote = std::sync::atomic::AtomicBool::new(false);
+    hooked_a.set(move |op, key| {
+        if op == Op::Put && !wrote.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            // `a` has caught up (read the record) and starts writing: the gc run lists
+            // and stops before its first deletion.
+            caught_up_tx
+                .lock()
+                .unwrap()
+                .take()
+                .unwrap()
+                .send(())
+                .unwrap();
+            at_delete_rx.lock().unwrap().take().unwrap().recv().unwrap();
+        } else if op == Op::List && key == "gc/" && wrote.load(std::sync::atomic::Ordering::SeqCst)
+        {
+            // `a` wrote everything again and checks gc: the run deletes and finishes first.
+            if let Some(go) = go_b_tx.lock().unwrap().take() {
+                go.send(()).unwrap();
+                b_done_rx.lock().unwrap().take().unwrap().recv().unwrap();
+            }
+        }
+    });
+    let at_delete_tx = Mutex::new(Some(at_delete_tx));
+    let go_b_rx = Mutex::new(Some(go_b_rx));
+    hooked_b.set(move |op, _| {
+        if op == Op::Delete {
+            if let Some(tx) = at_delete_tx.lock().unwrap().take() {
+                tx.send(()).unwrap();
+                go_b_rx.lock().unwrap().take().unwrap().recv().unwrap();
+            }
+        }
+    });
+    let gc = std::thread::spawn(move || {
+        caught_up_rx.recv().unwrap();
+        let stats = b.gc_with(&GcOptions::immediate()).unwrap();
+        b_done_tx.send(()).unwrap();
+        stats
+    });
+    let saved = a.save().unwrap();
+    let stats = gc.join().unwrap();
+    assert!(stats.objects_deleted >= 2, "{stats:?}");
+    check_exp2(&inner, &flat);
+    // `exp 1` written twice: before the run deleted it and after; and `exp 2`.
+    assert_eq!(saved.versions_written, 3, "{saved:?}");
 }
