@@ -109,16 +109,31 @@ fn version_object(
     hash_of: impl Fn(VersionId) -> Option<ContentHash>,
     manifest_of: &mut impl FnMut(&Tensor) -> ContentHash,
 ) -> Result<(Vec<u8>, ContentHash, Vec<ContentHash>)> {
+    version_object_with(hist, id, None, hash_of, manifest_of)
+}
+
+/// [`version_object`] with the parents' content addresses given (`parents`), or taken
+/// from the history.
+fn version_object_with(
+    hist: &History,
+    id: VersionId,
+    parents: Option<Vec<ContentHash>>,
+    hash_of: impl Fn(VersionId) -> Option<ContentHash>,
+    manifest_of: &mut impl FnMut(&Tensor) -> ContentHash,
+) -> Result<(Vec<u8>, ContentHash, Vec<ContentHash>)> {
     let node = hist.node(id)?;
-    let parents: Vec<ContentHash> = node
-        .parents
-        .iter()
-        .map(|p| {
-            hash_of(*p).ok_or_else(|| Error::Corrupt {
-                reason: format!("parent {p} of {id} has no content address"),
+    let parents: Vec<ContentHash> = match parents {
+        Some(p) => p,
+        None => node
+            .parents
+            .iter()
+            .map(|p| {
+                hash_of(*p).ok_or_else(|| Error::Corrupt {
+                    reason: format!("parent {p} of {id} has no content address"),
+                })
             })
-        })
-        .collect::<Result<_>>()?;
+            .collect::<Result<_>>()?,
+    };
     let (time_secs, time_nanos) = time_parts(node.time);
     let body = VersionBody {
         seq: id.0,
@@ -136,6 +151,52 @@ fn version_object(
     };
     let (bytes, hash) = encode(Kind::Version, &body);
     Ok((bytes, hash, parents))
+}
+
+/// The parents (content addresses) saved version `h` was written with, if writing it
+/// again with them keeps it readable: each is a version this store holds (written again
+/// too if a gc took it), or one it pruned whose prune marker is in the repository or,
+/// if a gc deleted the marker this store saw, is added to `markers` (with its own
+/// parents, recursively). `None` otherwise: the version is then written with its
+/// parents in the history, and so gets a new content address.
+fn original_parents(
+    hist: &History,
+    b: &Bound,
+    h: ContentHash,
+    markers: &mut Vec<(ContentHash, Vec<ContentHash>, Vec<u8>)>,
+) -> Result<Option<Vec<ContentHash>>> {
+    let Some(parents) = b.parents_of.get(&h) else {
+        return Ok(None);
+    };
+    let mut planned = Vec::new();
+    let mut stack = parents.clone();
+    let mut seen = HashSet::new();
+    while let Some(p) = stack.pop() {
+        if !seen.insert(p) {
+            continue;
+        }
+        let held = b.by_hash.get(&p).is_some_and(|id| hist.node(*id).is_ok());
+        if held || markers.iter().any(|m| m.0 == p) {
+            continue;
+        }
+        match b.backend.get(&pruned_key(&p)) {
+            Ok(_) => continue,
+            Err(e) if super::backend::is_not_found(&e) => {}
+            Err(e) => return Err(e),
+        }
+        // Only a marker this store saw (that a gc deleted since) is written again before
+        // the refs: a first marker waits until the refs moved (see `write_refs`).
+        let Some(pp) = b.parents_of.get(&p).filter(|_| b.pruned.contains_key(&p)) else {
+            return Ok(None);
+        };
+        let bytes = to_json(&PrunedJson {
+            parents: pp.clone(),
+        });
+        planned.push((p, pp.clone(), bytes));
+        stack.extend(pp.iter().copied());
+    }
+    markers.extend(planned);
+    Ok(Some(parents.clone()))
 }
 
 /// Write `chunks` as one pack; returns its id, entries and size.
@@ -491,6 +552,7 @@ fn write_objects(hist: &History, b: &mut Bound, stats: &mut SaveStats) -> Result
     let mut manifests_new: HashSet<ContentHash> = HashSet::new();
     let mut new_versions: HashMap<VersionId, ContentHash> = HashMap::new();
     let mut new_parents: Vec<(VersionId, ContentHash, Vec<ContentHash>)> = Vec::new();
+    let mut markers_new: Vec<(ContentHash, Vec<ContentHash>, Vec<u8>)> = Vec::new();
     for v in &todo {
         let mut err = None;
         let mut put_manifest = |t: &Tensor| {
@@ -508,8 +570,16 @@ fn write_objects(hist: &History, b: &mut Bound, stats: &mut SaveStats) -> Result
             }
             id
         };
+        // A version written again (a gc recorded or deleted it) keeps its content
+        // address: the same parents as before, through prune markers written again
+        // where a gc took them.
+        let original = match b.saved.get(v) {
+            Some(h) => original_parents(hist, b, *h, &mut markers_new)?,
+            None => None,
+        };
         let hash_of = |p: VersionId| b.saved.get(&p).or_else(|| new_versions.get(&p)).copied();
-        let (bytes, id, parents) = version_object(hist, *v, hash_of, &mut put_manifest)?;
+        let (bytes, id, parents) =
+            version_object_with(hist, *v, original, hash_of, &mut put_manifest)?;
         if let Some(e) = err {
             return Err(e);
         }
@@ -520,9 +590,16 @@ fn write_objects(hist: &History, b: &mut Bound, stats: &mut SaveStats) -> Result
         new_parents.push((*v, id, parents));
     }
 
+    for (h, _, bytes) in &markers_new {
+        backend.put(&pruned_key(h), bytes)?;
+        stats.bytes_written += bytes.len() as u64;
+    }
     backend.barrier()?;
 
     // Everything above is durable: record it.
+    for (h, parents, _) in markers_new {
+        b.pruned.insert(h, parents);
+    }
     {
         let mut idx = b.chunks.index.write().unwrap_or_else(|p| p.into_inner());
         for p in &index.packs {
