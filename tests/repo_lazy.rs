@@ -149,6 +149,23 @@ fn versions_read_on_first_use_match_the_saved_ones() {
 }
 
 #[test]
+fn a_save_after_reopening_writes_only_the_new_manifests() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    three_versions(dir.path());
+    let mut s = Store::open(dir.path()).expect("open");
+    s.write("a", &ramp(&[64, 8], 7.0)).expect("write");
+    s.commit("v3").expect("commit");
+    let stats = s.save().expect("save");
+    assert_eq!((stats.versions_written, stats.manifests_written), (1, 1));
+    let reopened = Store::open(dir.path()).expect("reopen");
+    reopened.verify().expect("verify");
+    assert_eq!(
+        flat(&reopened.get::<f32>("a").expect("a")),
+        flat(&ramp(&[64, 8], 7.0))
+    );
+}
+
+#[test]
 fn refresh_that_cannot_read_the_new_head_changes_nothing() {
     let dir = tempfile::tempdir().expect("tempdir");
     let [_, _, v2] = three_versions(dir.path());

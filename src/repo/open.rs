@@ -471,6 +471,10 @@ fn insert_versions(hist: &mut History, b: &mut Bound, mut loaded: Loaded) -> usi
         let Some(body) = loaded.bodies.remove(&h) else {
             continue;
         };
+        // A saved version's manifests are in the repository (written before it): a save
+        // reuses them rather than write them again.
+        b.manifests
+            .extend(body.vars.iter().map(|(_, m)| ContentHash(*m)));
         let parents: Vec<VersionId> = loaded.parents[&h]
             .iter()
             .filter_map(|p| b.by_hash.get(p).copied())
