@@ -324,7 +324,6 @@ fn read_versions(hist: &History, b: &Bound, roots: &[(ContentHash, String)]) -> 
     for h in &order {
         let source = ManifestVars {
             chunks: b.chunks.clone(),
-            backend: b.backend.clone(),
             vars: bodies[h]
                 .vars
                 .iter()
@@ -346,7 +345,6 @@ const VERSIONS_DIR: &str = "versions/";
 /// A saved version's variables, read from its manifests on first use.
 struct ManifestVars {
     chunks: Arc<RepoChunks>,
-    backend: Arc<dyn Backend>,
     vars: Vec<(String, ContentHash)>,
 }
 
@@ -360,7 +358,7 @@ impl VarsSource for ManifestVars {
             .with_min_len(8)
             .map(|(_, m)| {
                 let key = manifest_key(m);
-                let bytes = must_get(&*self.backend, &key)?;
+                let bytes = must_get(&*self.chunks.backend, &key)?;
                 let manifest = parse_manifest(&key, &bytes, Some(m))?;
                 tensor_of(&self.chunks, &key, &manifest)
             })
