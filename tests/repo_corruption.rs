@@ -4,13 +4,15 @@
 //! unchecked length (this binary's allocator refuses any single allocation over 256 MiB,
 //! which aborts the test).
 
+mod common;
+
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::collections::BTreeMap;
 use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};
 
-use ndarray::{Array1, Array2};
-use tensor_history::{Config, Error, GcOptions, Retention, Store, VersionId};
+use ndarray::Array1;
+use tensor_history::{Error, GcOptions, Retention, Store, VersionId};
 
 /// The system allocator, refusing single allocations over [`LIMIT`].
 struct Bounded;
@@ -68,23 +70,7 @@ fn contents(store: &Store, id: VersionId) -> Result<Contents, Error> {
 /// branches, a tag, a detached HEAD moved back to a branch, pruned versions and a gc
 /// run. Returns the contents of every saved version by its hash.
 fn build(dir: &Path) -> BTreeMap<String, Contents> {
-    let mut store = Store::with_config(Config {
-        chunk_bytes: 64,
-        ..Config::default()
-    })
-    .unwrap();
-    store
-        .insert(
-            "w",
-            &Array2::from_shape_fn((6, 8), |(i, j)| (i * 8 + j) as f32),
-        )
-        .unwrap();
-    store
-        .insert("b", &Array1::from_shape_fn(5, |i| i as i16 - 2))
-        .unwrap();
-    let v0 = store.commit("init").unwrap();
-    store.update_map::<f32>("w", |x| x * 2.0).unwrap();
-    let v1 = store.commit("double").unwrap();
+    let (mut store, v0, v1) = common::init_and_double();
     store.tag("doubled", v1).unwrap();
     store.branch("side", v0).unwrap();
     store.checkout("side").unwrap();

@@ -130,18 +130,14 @@ fn versions_read_on_first_use_match_the_saved_ones() {
         );
     }
     // Versions read separately share the chunks they have in common.
-    let b0 = s
-        .snapshot(ids[0])
-        .expect("v0")
-        .tensor("b")
-        .expect("b")
-        .clone();
-    let b2 = s
-        .snapshot(ids[2])
-        .expect("v2")
-        .tensor("b")
-        .expect("b")
-        .clone();
+    let b_of = |id| {
+        s.snapshot(id)
+            .expect("snapshot")
+            .tensor("b")
+            .expect("b")
+            .clone()
+    };
+    let (b0, b2) = (b_of(ids[0]), b_of(ids[2]));
     assert_eq!(b0.shared_chunks(&b2), b0.num_chunks());
     let d = s.diff(ids[0], ids[2]).expect("diff");
     assert_eq!(d.changed_names(), vec!["a"]);

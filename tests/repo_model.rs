@@ -488,6 +488,21 @@ impl Side {
     }
 }
 
+/// Empty the reflog and prune every version no ref reaches, in the store and the model
+/// (the step before a gc that should collect them).
+fn prune_unreachable(side: &mut Side, step: usize) -> Result<(), TestCaseError> {
+    side.store.clear_reflog();
+    side.model.reflog.clear();
+    let prune = Op::Prune {
+        last: None,
+        every: None,
+        unreachable: true,
+        best: None,
+    };
+    apply(&mut side.store, &mut side.model, &prune, step)?;
+    Ok(())
+}
+
 /// What `gc_with(GcOptions::immediate())` run by `side` deletes: versions and prune
 /// markers that neither the repository's refs and HEAD nor `side`'s own reach (the store
 /// then forgets the deleted versions it had saved).
@@ -591,15 +606,7 @@ fn run(steps: &[Step]) -> Result<(), TestCaseError> {
                 count(2);
             }
             Step::OtherGc if bound => {
-                a.store.clear_reflog();
-                a.model.reflog.clear();
-                let prune = Op::Prune {
-                    last: None,
-                    every: None,
-                    unreachable: true,
-                    best: None,
-                };
-                apply(&mut a.store, &mut a.model, &prune, n)?;
+                prune_unreachable(&mut a, n)?;
                 // After a conflict the repository's refs reach less than this store
                 // holds, and the gc would take chunks this store reads back.
                 if a.save(&mut repo, &backend)? {
@@ -614,15 +621,7 @@ fn run(steps: &[Step]) -> Result<(), TestCaseError> {
                 }
             }
             Step::PruneSaveGc if bound => {
-                a.store.clear_reflog();
-                a.model.reflog.clear();
-                let prune = Op::Prune {
-                    last: None,
-                    every: None,
-                    unreachable: true,
-                    best: None,
-                };
-                apply(&mut a.store, &mut a.model, &prune, n)?;
+                prune_unreachable(&mut a, n)?;
                 if a.save(&mut repo, &backend)? {
                     a.store
                         .gc_with(&GcOptions::immediate())

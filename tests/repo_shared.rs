@@ -35,6 +35,16 @@ fn open(dir: &tempfile::TempDir) -> Store {
     Store::open_with(dir.path(), config()).unwrap()
 }
 
+/// Delete branch `exp`, prune what nothing reaches (gc keeps what the store running it
+/// still holds) and save: what only `exp` reached is then unreferenced.
+fn drop_exp_and_save(b: &mut Store) {
+    b.checkout("main").unwrap();
+    b.delete_branch("exp").unwrap();
+    b.prune(&Retention::default().drop_unreachable(true))
+        .unwrap();
+    b.save().unwrap();
+}
+
 fn bump(s: &mut Store, row: usize) {
     s.update_range::<f32>("w", row * 16..row * 16 + 1, |_, xs| xs[0] += 1.0)
         .unwrap();
@@ -189,12 +199,7 @@ fn a_save_writes_again_what_another_stores_gc_recorded_since_it_opened() {
     a.save().unwrap();
     // Another store deletes the branch and records what only it reached.
     let mut b = open(&dir);
-    b.checkout("main").unwrap();
-    b.delete_branch("exp").unwrap();
-    // gc keeps what the store running it still holds: prune it first.
-    b.prune(&Retention::default().drop_unreachable(true))
-        .unwrap();
-    b.save().unwrap();
+    drop_exp_and_save(&mut b);
     let gc = b.gc().unwrap();
     assert!(gc.candidates_recorded > 0, "{gc:?}");
     // The first store still holds exp 1 and builds on it: the recorded version, its
@@ -232,12 +237,7 @@ fn a_save_after_another_stores_gc_deleted_packs_writes_the_chunks_again() {
     let changed = a.get::<f32>("w").unwrap();
     // Another store deletes the branch and its data at once.
     let mut b = open(&dir);
-    b.checkout("main").unwrap();
-    b.delete_branch("exp").unwrap();
-    // gc keeps what the store running it still holds: prune it first.
-    b.prune(&Retention::default().drop_unreachable(true))
-        .unwrap();
-    b.save().unwrap();
+    drop_exp_and_save(&mut b);
     let gc = b.gc_with(&GcOptions::immediate()).unwrap();
     assert!(gc.bytes_deleted > 0, "{gc:?}");
     // The first store commits the same contents on a new branch from main: the chunks
@@ -311,11 +311,7 @@ fn a_save_after_another_stores_gc_deleted_only_versions_and_manifests_writes_the
 
         // Another store deletes the branch, prunes, saves, and collects at once.
         let mut b = open(&dir);
-        b.checkout("main").unwrap();
-        b.delete_branch("exp").unwrap();
-        b.prune(&Retention::default().drop_unreachable(true))
-            .unwrap();
-        b.save().unwrap();
+        drop_exp_and_save(&mut b);
         let gc = b.gc_with(&GcOptions::immediate()).unwrap();
         assert!(gc.objects_deleted >= 2, "{gc:?}");
         // Only the version and its new manifest went: no pack, no index changed, and no
@@ -482,11 +478,7 @@ fn recorded_by_another_store(
     a.save().unwrap();
 
     let mut b = Store::open_backend(hooked_b.clone(), config()).unwrap();
-    b.checkout("main").unwrap();
-    b.delete_branch("exp").unwrap();
-    b.prune(&Retention::default().drop_unreachable(true))
-        .unwrap();
-    b.save().unwrap();
+    drop_exp_and_save(&mut b);
     let gc = b.gc().unwrap();
     assert!(gc.candidates_recorded >= 2, "{gc:?}");
     assert_eq!(gc.objects_deleted, 0, "{gc:?}");

@@ -3,32 +3,18 @@
 //! typed error naming the pack, and changes nothing; calls that need no chunk data
 //! (diffs by hash, content hashes, metadata) still give the right answer. Never a panic.
 
+mod common;
+
 use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};
 
-use ndarray::{Array1, Array2, ArrayD, IxDyn};
-use tensor_history::{Config, Error, MergeStrategy, Store, Tensor, VersionId};
+use ndarray::{Array2, ArrayD, IxDyn};
+use tensor_history::{Error, MergeStrategy, Store, Tensor, VersionId};
 
 /// A saved repository in `dir`: `w` (f32, several chunks) and `b` (i16), versions v0
 /// (main), v1 (main, `w` changed) and v2 (branch `side` from v0, `b` changed).
 fn build(dir: &Path) -> [VersionId; 3] {
-    let mut store = Store::with_config(Config {
-        chunk_bytes: 64,
-        ..Config::default()
-    })
-    .unwrap();
-    store
-        .insert(
-            "w",
-            &Array2::from_shape_fn((6, 8), |(i, j)| (i * 8 + j) as f32),
-        )
-        .unwrap();
-    store
-        .insert("b", &Array1::from_shape_fn(5, |i| i as i16 - 2))
-        .unwrap();
-    let v0 = store.commit("init").unwrap();
-    store.update_map::<f32>("w", |x| x * 2.0).unwrap();
-    let v1 = store.commit("double").unwrap();
+    let (mut store, v0, v1) = common::init_and_double();
     store.branch("side", v0).unwrap();
     store.checkout("side").unwrap();
     store.update_map::<i16>("b", |x| x + 7).unwrap();

@@ -40,6 +40,26 @@ pub fn small_store() -> Store {
     .expect("valid config")
 }
 
+/// The start of the small repositories of the damage tests: 64-byte chunks, `w` (f32,
+/// 6 x 8, several chunks) and `b` (i16, 5 elements), committed as v0 `init`, then `w`
+/// doubled and committed as v1 `double`.
+pub fn init_and_double() -> (Store, tensor_history::VersionId, tensor_history::VersionId) {
+    let mut store = small_store();
+    store
+        .insert(
+            "w",
+            &ndarray::Array2::from_shape_fn((6, 8), |(i, j)| (i * 8 + j) as f32),
+        )
+        .unwrap();
+    store
+        .insert("b", &ndarray::Array1::from_shape_fn(5, |i| i as i16 - 2))
+        .unwrap();
+    let v0 = store.commit("init").unwrap();
+    store.update_map::<f32>("w", |x| x * 2.0).unwrap();
+    let v1 = store.commit("double").unwrap();
+    (store, v0, v1)
+}
+
 /// A deterministic array of `shape` whose values differ by position and `seed`.
 pub fn ramp(shape: &[usize], seed: f32) -> ArrayD<f32> {
     let n: usize = shape.iter().product();
