@@ -4,10 +4,10 @@
 use std::fmt;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
+use crate::buffer::Bytes;
 use crate::element::Element;
 use crate::error::Result;
 use crate::hash::ContentHash;
-use crate::repo::backend::Bytes;
 
 /// Where the bytes of a stored chunk come from (a repository's packs): `load` returns
 /// exactly `len` bytes, 8-byte aligned, already checked against `id`.

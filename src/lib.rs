@@ -96,6 +96,7 @@
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;
 
+mod buffer;
 mod chunk;
 mod config;
 #[cfg(test)]
@@ -117,6 +118,7 @@ mod store;
 mod tensor;
 mod text;
 
+pub use buffer::Bytes;
 pub use chunk::{Chunk, WeakChunk};
 pub use config::{
     Config, DEFAULT_CHUNK_BYTES, DEFAULT_RECYCLE_BYTES, DEFAULT_REFLOG_ENTRIES,
@@ -130,7 +132,7 @@ pub use history::{Ref, VersionId};
 pub use merge::MergeStrategy;
 pub use meta::{Meta, Value};
 pub use repo::backend::{
-    is_not_found, Backend, Bytes, LocalDir, MemoryBackend, ObjectInfo, PutOutcome, SimBackend,
+    is_not_found, Backend, LocalDir, MemoryBackend, ObjectInfo, PutOutcome, SimBackend,
 };
 #[cfg(feature = "s3")]
 pub use repo::backend::{ObjectStoreBackend, ObjectStoreOptions, RequestStats, MIN_PART_SIZE};

@@ -20,10 +20,11 @@
 //!   object succeeds.
 
 use std::fmt;
-use std::ops::{Deref, Range};
-use std::sync::Arc;
+use std::ops::Range;
 use std::time::SystemTime;
 
+pub(crate) use crate::buffer::AlignedBuf;
+pub(crate) use crate::buffer::Bytes;
 use crate::error::{Error, Result};
 
 mod local;
@@ -56,89 +57,6 @@ pub struct ObjectInfo {
     pub size: u64,
     /// When it was last written, if the backend knows.
     pub modified: Option<SystemTime>,
-}
-
-/// Bytes read from a backend: an owned buffer or a slice of a mapped file. Clone is
-/// O(1) and shares the bytes.
-#[derive(Clone)]
-pub struct Bytes {
-    owner: Arc<dyn AsRef<[u8]> + Send + Sync>,
-    range: Range<usize>,
-}
-
-impl Bytes {
-    /// Bytes owned by `owner` (a `Vec<u8>`, a memory map, ...), all of them.
-    pub fn new(owner: Arc<dyn AsRef<[u8]> + Send + Sync>) -> Bytes {
-        let len = (*owner).as_ref().len();
-        Bytes {
-            owner,
-            range: 0..len,
-        }
-    }
-
-    /// A sub-range, sharing the owner. `None` if `range` is not inside `self`. O(1).
-    #[must_use]
-    pub fn slice(&self, range: Range<usize>) -> Option<Bytes> {
-        if range.start > range.end || range.end > self.range.len() {
-            return None;
-        }
-        Some(Bytes {
-            owner: Arc::clone(&self.owner),
-            range: self.range.start + range.start..self.range.start + range.end,
-        })
-    }
-}
-
-impl From<Vec<u8>> for Bytes {
-    fn from(v: Vec<u8>) -> Bytes {
-        Bytes::new(Arc::new(v))
-    }
-}
-
-impl Deref for Bytes {
-    type Target = [u8];
-
-    fn deref(&self) -> &[u8] {
-        &(*self.owner).as_ref()[self.range.clone()]
-    }
-}
-
-impl AsRef<[u8]> for Bytes {
-    fn as_ref(&self) -> &[u8] {
-        self
-    }
-}
-
-impl fmt::Debug for Bytes {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Bytes").field("len", &self.len()).finish()
-    }
-}
-
-/// A buffer of 8-byte words holding `len` bytes: bytes read into it can be viewed as
-/// slices of any element type in place.
-#[derive(Debug)]
-pub(crate) struct AlignedBuf {
-    words: Vec<u64>,
-    len: usize,
-}
-
-impl AlignedBuf {
-    /// A word-aligned copy of `data`, as [`Bytes`].
-    pub(crate) fn bytes_of(data: &[u8]) -> Bytes {
-        let mut words = vec![0u64; data.len().div_ceil(8)];
-        bytemuck::cast_slice_mut::<u64, u8>(&mut words)[..data.len()].copy_from_slice(data);
-        Bytes::new(Arc::new(AlignedBuf {
-            words,
-            len: data.len(),
-        }))
-    }
-}
-
-impl AsRef<[u8]> for AlignedBuf {
-    fn as_ref(&self) -> &[u8] {
-        &bytemuck::cast_slice(&self.words)[..self.len]
-    }
 }
 
 /// Where a repository's objects live. Synchronous; implementations that talk to a

@@ -41,7 +41,7 @@ use object_store::{
     PutOptions, PutPayload, RetryConfig, WriteMultipart,
 };
 
-use super::{Backend, Bytes, ObjectInfo, PutOutcome};
+use super::{AlignedBuf, Backend, Bytes, ObjectInfo, PutOutcome};
 use crate::error::{Error, Result};
 
 /// The smallest part S3 accepts in a multipart upload (all parts but the last).
@@ -574,21 +574,7 @@ fn to_bytes(b: bytes::Bytes) -> Bytes {
     if (b.as_ptr() as usize).is_multiple_of(8) {
         Bytes::new(Arc::new(b))
     } else {
-        let mut words = vec![0u64; b.len().div_ceil(8)];
-        bytemuck::cast_slice_mut::<u64, u8>(&mut words)[..b.len()].copy_from_slice(&b);
-        let len = b.len();
-        Bytes::new(Arc::new(AlignedWords { words, len }))
-    }
-}
-
-struct AlignedWords {
-    words: Vec<u64>,
-    len: usize,
-}
-
-impl AsRef<[u8]> for AlignedWords {
-    fn as_ref(&self) -> &[u8] {
-        &bytemuck::cast_slice(&self.words)[..self.len]
+        AlignedBuf::bytes_of(&b)
     }
 }
 
