@@ -6,6 +6,7 @@
 use ndarray::{s, Array2};
 
 use crate::chunk::{Alloc, Pool};
+use crate::element::DType;
 use crate::kernels::Stores;
 use crate::tensor::{Tensor, WriteCtx};
 
@@ -83,4 +84,19 @@ fn tensors_of_strided_views_hold_the_logical_order() {
     let mut out = Array2::<i64>::zeros((3, 2)).reversed_axes();
     t.copy_into(&mut out).unwrap();
     assert_eq!(out, view.to_owned());
+}
+
+#[test]
+fn every_dtype_tag_names_its_dtype_and_no_other_tag_does() {
+    for (i, d) in DType::ALL.into_iter().enumerate() {
+        assert_eq!(
+            usize::from(d.tag()),
+            i,
+            "{d} is not at its tag in DType::ALL"
+        );
+        assert_eq!(DType::from_tag(d.tag()), Some(d));
+    }
+    for tag in DType::ALL.len()..=usize::from(u8::MAX) {
+        assert_eq!(DType::from_tag(u8::try_from(tag).unwrap()), None);
+    }
 }

@@ -6,10 +6,11 @@ use std::ops::Range;
 use serde::{Deserialize, Serialize};
 
 use crate::error::Result;
-use crate::history::{Vars, VersionId};
+use crate::history::Vars;
 use crate::snapshot::Snapshot;
 use crate::store::Store;
 use crate::tensor::Tensor;
+use crate::version::VersionId;
 
 /// How one variable differs between two states.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

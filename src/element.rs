@@ -39,6 +39,29 @@ pub enum DType {
 }
 
 impl DType {
+    /// Every dtype, in the order of their tags (the order of the variants).
+    ///
+    /// ```
+    /// use tensor_history::DType;
+    ///
+    /// assert_eq!(DType::ALL.len(), 12);
+    /// assert!(DType::ALL.contains(&DType::BF16));
+    /// ```
+    pub const ALL: [DType; 12] = [
+        DType::F16,
+        DType::BF16,
+        DType::F32,
+        DType::F64,
+        DType::I8,
+        DType::I16,
+        DType::I32,
+        DType::I64,
+        DType::U8,
+        DType::U16,
+        DType::U32,
+        DType::U64,
+    ];
+
     /// Size of one element in bytes.
     #[must_use]
     pub const fn size(self) -> usize {
@@ -78,6 +101,14 @@ impl DType {
     /// A one-byte tag, used in content hashes.
     pub(crate) const fn tag(self) -> u8 {
         self as u8
+    }
+
+    /// The dtype of a [`tag`](DType::tag), `None` for a tag no dtype has. O(1).
+    pub(crate) fn from_tag(tag: u8) -> Option<DType> {
+        DType::ALL
+            .get(usize::from(tag))
+            .copied()
+            .filter(|d| d.tag() == tag)
     }
 }
 

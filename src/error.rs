@@ -3,8 +3,8 @@
 use std::ops::Range;
 
 use crate::element::DType;
-use crate::history::VersionId;
 use crate::text::escape;
+use crate::version::{ParseVersionIdError, VersionId};
 
 /// `Result` with this crate's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -279,4 +279,12 @@ pub struct Conflict {
     /// conflicts (added on both sides with different content, removed on one side and
     /// changed on the other, or given a new dtype or shape).
     pub chunks: Option<Vec<usize>>,
+}
+
+impl From<ParseVersionIdError> for Error {
+    fn from(e: ParseVersionIdError) -> Error {
+        Error::InvalidArgument {
+            reason: e.to_string(),
+        }
+    }
 }

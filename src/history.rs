@@ -2,7 +2,6 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashSet, VecDeque};
 use std::fmt;
-use std::str::FromStr;
 use std::sync::{Arc, OnceLock};
 use std::time::SystemTime;
 
@@ -12,40 +11,10 @@ use crate::error::{Error, Result};
 use crate::meta::Meta;
 use crate::tensor::Tensor;
 use crate::text::needs_escape;
+use crate::version::VersionId;
 
 /// The variables of a version or of the working state: a persistent map, O(1) to clone.
 pub(crate) type Vars = imbl::OrdMap<String, Tensor>;
-
-/// The id of a version: dense, in commit order, never reused within a store.
-/// Shown as `v12`; parsed from `v12` or `12`.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-pub struct VersionId(pub u64);
-
-impl fmt::Display for VersionId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "v{}", self.0)
-    }
-}
-
-impl fmt::Debug for VersionId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "v{}", self.0)
-    }
-}
-
-impl FromStr for VersionId {
-    type Err = Error;
-
-    fn from_str(s: &str) -> Result<Self> {
-        s.strip_prefix('v')
-            .unwrap_or(s)
-            .parse()
-            .map(VersionId)
-            .map_err(|_| Error::InvalidArgument {
-                reason: format!("`{s}` is not a version id like `v12`"),
-            })
-    }
-}
 
 /// A named ref.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]

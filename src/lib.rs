@@ -117,6 +117,7 @@ mod stats;
 mod store;
 mod tensor;
 mod text;
+mod version;
 
 pub use buffer::Bytes;
 pub use chunk::{Chunk, WeakChunk};
@@ -128,7 +129,7 @@ pub use diff::{Diff, TensorDiff, VarDiff};
 pub use element::{DType, Element};
 pub use error::{Conflict, Error, Result};
 pub use hash::ContentHash;
-pub use history::{Ref, VersionId};
+pub use history::Ref;
 pub use merge::MergeStrategy;
 pub use meta::{Meta, Value};
 pub use repo::backend::{
@@ -144,3 +145,4 @@ pub use snapshot::Snapshot;
 pub use stats::Stats;
 pub use store::Store;
 pub use tensor::{Tensor, WriteStats};
+pub use version::{ParseVersionIdError, VersionId};

@@ -6,10 +6,11 @@ use rayon::prelude::*;
 use crate::chunk::{Alloc, Chunk};
 use crate::element::{DType, Element};
 use crate::error::{Conflict, Error, Result};
-use crate::history::{Vars, VersionId};
+use crate::history::Vars;
 use crate::meta::Meta;
 use crate::store::{load_vars, Store};
 use crate::tensor::{ChunkVec, Tensor};
+use crate::version::VersionId;
 
 /// How [`Store::merge`] resolves chunks changed on both sides.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -4,9 +4,10 @@ use std::collections::{BTreeMap, HashSet};
 use std::fmt::Write as _;
 
 use crate::error::Result;
-use crate::history::{Head, Ref, VersionId};
+use crate::history::{Head, Ref};
 use crate::store::Store;
 use crate::text;
+use crate::version::VersionId;
 
 impl Store {
     fn labels(&self) -> BTreeMap<VersionId, Vec<String>> {

@@ -5,9 +5,10 @@ use std::collections::HashSet;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
-use crate::history::{Head, Ref, VersionId};
+use crate::history::{Head, Ref};
 use crate::meta::Meta;
 use crate::store::Store;
+use crate::version::VersionId;
 
 /// Which versions [`Store::prune`] keeps. HEAD, branch tips, tagged versions, the
 /// redo path and the versions in the [`reflog`](Store::reflog) are always kept.

@@ -9,9 +9,10 @@ use ndarray::ArrayD;
 use crate::element::Element;
 use crate::error::{Error, Result};
 use crate::hash::ContentHash;
-use crate::history::{Vars, VersionId};
+use crate::history::Vars;
 use crate::meta::Meta;
 use crate::tensor::Tensor;
+use crate::version::VersionId;
 
 /// A read-only handle to the variables of one version.
 ///

@@ -190,7 +190,8 @@ impl Store {
 mod tests {
     use ndarray::Array1;
 
-    use crate::history::{Ref, VersionId};
+    use crate::history::Ref;
+    use crate::version::VersionId;
     use crate::{ContentHash, Error, Store};
 
     fn store() -> Store {

@@ -9,12 +9,13 @@ use crate::chunk::{Alloc, Pool};
 use crate::config::Config;
 use crate::element::Element;
 use crate::error::{Error, Result};
-use crate::history::{check_ref_name, Head, History, Ref, Vars, VersionId};
+use crate::history::{check_ref_name, Head, History, Ref, Vars};
 use crate::kernels::Stores;
 use crate::meta::Meta;
 use crate::retention::Retention;
 use crate::snapshot::Snapshot;
 use crate::tensor::{Tensor, WriteCtx, WriteStats, PAR_MIN_BYTES, PAR_MIN_BYTES_COLD};
+use crate::version::VersionId;
 
 /// Named tensors with their full version history, in memory.
 ///

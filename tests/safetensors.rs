@@ -78,21 +78,6 @@ fn insert_noise_of(store: &mut Store, dtype: DType, name: &str, shape: &[usize],
     }
 }
 
-const ALL_DTYPES: [DType; 12] = [
-    DType::F16,
-    DType::BF16,
-    DType::F32,
-    DType::F64,
-    DType::I8,
-    DType::I16,
-    DType::I32,
-    DType::I64,
-    DType::U8,
-    DType::U16,
-    DType::U32,
-    DType::U64,
-];
-
 fn st_dtype(d: DType) -> Dtype {
     match d {
         DType::F16 => Dtype::F16,
@@ -147,7 +132,7 @@ fn reference_file(store: &Store, path: &Path) -> Vec<u8> {
 /// boundary shape in `f32`.
 fn every_dtype_and_shape() -> Store {
     let mut store = small_store();
-    for (i, d) in ALL_DTYPES.iter().enumerate() {
+    for (i, d) in DType::ALL.iter().enumerate() {
         insert_noise_of(&mut store, *d, &format!("{d}"), &[7, 5], i as u64 + 1);
     }
     for (i, shape) in BOUNDARY_SHAPES.iter().enumerate() {
@@ -588,7 +573,7 @@ fn every_flipped_byte_of_the_header_is_an_error_or_imports_what_the_parser_reads
 }
 
 fn any_dtype() -> impl Strategy<Value = DType> {
-    proptest::sample::select(ALL_DTYPES.to_vec())
+    proptest::sample::select(DType::ALL.to_vec())
 }
 
 proptest! {

@@ -276,25 +276,6 @@ impl Manifest {
     }
 }
 
-const DTYPES: [DType; 12] = [
-    DType::F16,
-    DType::BF16,
-    DType::F32,
-    DType::F64,
-    DType::I8,
-    DType::I16,
-    DType::I32,
-    DType::I64,
-    DType::U8,
-    DType::U16,
-    DType::U32,
-    DType::U64,
-];
-
-pub(crate) fn dtype_from_tag(tag: u8) -> Option<DType> {
-    DTYPES.iter().copied().find(|d| d.tag() == tag)
-}
-
 pub(crate) fn parse_manifest(
     path: &str,
     bytes: &[u8],
@@ -305,7 +286,7 @@ pub(crate) fn parse_manifest(
         Some(body) => body,
         None => decode_body(path, raw)?,
     };
-    let dtype = dtype_from_tag(body.dtype)
+    let dtype = DType::from_tag(body.dtype)
         .ok_or_else(|| corrupt(path, format!("unknown dtype tag {}", body.dtype)))?;
     if body.shape.len() > MAX_DIMS {
         return Err(corrupt(path, format!("{} dimensions", body.shape.len())));

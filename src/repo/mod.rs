@@ -25,7 +25,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use crate::chunk::{Chunk, ChunkSource, WeakChunk};
 use crate::error::{Error, Result};
 use crate::hash::ContentHash;
-use crate::history::VersionId;
+use crate::version::VersionId;
 
 use backend::{AlignedBuf, Backend, Bytes, LocalDir};
 pub use format::parse_object;

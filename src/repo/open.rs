@@ -23,11 +23,10 @@ use super::{open_path, Bound};
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::hash::ContentHash;
-use crate::history::{
-    check_ref_name, Head, History, Ref, Vars, VarsSource, Version, VersionId, VersionVars,
-};
+use crate::history::{check_ref_name, Head, History, Ref, Vars, VarsSource, Version, VersionVars};
 use crate::store::{vars_equal, Store};
 use crate::tensor::{ChunkVec, Tensor};
+use crate::version::VersionId;
 
 /// Largest gap of unused ids left to give a loaded version the id it had when saved.
 const MAX_ID_GAP: u64 = 1 << 20;

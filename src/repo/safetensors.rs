@@ -28,10 +28,10 @@ use safetensors::SafeTensors;
 
 use crate::element::DType;
 use crate::error::{Error, Result};
-use crate::history::VersionId;
 use crate::snapshot::Snapshot;
 use crate::store::Store;
 use crate::tensor::Tensor;
+use crate::version::VersionId;
 
 /// The largest header safetensors readers accept (`MAX_HEADER_SIZE` in the crate).
 const MAX_HEADER_BYTES: usize = 100_000_000;
@@ -193,21 +193,9 @@ fn to_safetensors_dtype(d: DType) -> Dtype {
 
 /// The [`DType`] of a safetensors dtype, if this crate has one.
 fn from_safetensors_dtype(d: Dtype) -> Option<DType> {
-    Some(match d {
-        Dtype::F16 => DType::F16,
-        Dtype::BF16 => DType::BF16,
-        Dtype::F32 => DType::F32,
-        Dtype::F64 => DType::F64,
-        Dtype::I8 => DType::I8,
-        Dtype::I16 => DType::I16,
-        Dtype::I32 => DType::I32,
-        Dtype::I64 => DType::I64,
-        Dtype::U8 => DType::U8,
-        Dtype::U16 => DType::U16,
-        Dtype::U32 => DType::U32,
-        Dtype::U64 => DType::U64,
-        _ => return None,
-    })
+    DType::ALL
+        .into_iter()
+        .find(|&ours| to_safetensors_dtype(ours) == d)
 }
 
 /// Named tensors in the order their data is written.

@@ -18,9 +18,10 @@ use super::{open_path, Bound, Loc};
 use crate::chunk::{Chunk, Pool};
 use crate::error::{Error, Result};
 use crate::hash::ContentHash;
-use crate::history::{Head, History, Ref, VersionId};
+use crate::history::{Head, History, Ref};
 use crate::store::Store;
 use crate::tensor::Tensor;
+use crate::version::VersionId;
 
 /// Packs are cut at about this size.
 pub(crate) const PACK_TARGET_BYTES: usize = 32 << 20;

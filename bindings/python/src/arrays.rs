@@ -71,21 +71,6 @@ macro_rules! with_dtype {
     };
 }
 
-/// The dtypes NumPy has natively, in the order they are tried.
-const NATIVE: [DType; 11] = [
-    DType::F32,
-    DType::F64,
-    DType::F16,
-    DType::I8,
-    DType::I16,
-    DType::I32,
-    DType::I64,
-    DType::U8,
-    DType::U16,
-    DType::U32,
-    DType::U64,
-];
-
 /// An element type both the core and rust-numpy know, with constructors for the
 /// dtype-erased wrappers below.
 pub(crate) trait PyElement: Element + numpy::Element + Copy {
@@ -176,7 +161,8 @@ dtype_enums!(F16 f16, BF16 bf16, F32 f32, F64 f64, I8 i8, I16 i16, I32 i32, I64 
 fn dtype_of(arr: &Bound<'_, PyUntypedArray>) -> PyResult<Option<DType>> {
     let py = arr.py();
     let d = arr.dtype();
-    for dt in NATIVE {
+    // NumPy has every dtype natively but bfloat16.
+    for dt in DType::ALL.into_iter().filter(|&d| d != DType::BF16) {
         let found = with_dtype!(dt, T => d.is_equiv_to(&numpy::dtype::<T>(py)));
         if found {
             return Ok(Some(dt));
