@@ -1,4 +1,4 @@
-//! In-memory version history for named tensors.
+//! Version history for named tensors: in memory, and durable in a repository.
 //!
 //! tensor-history keeps the history of a set of named tensors (a model's parameters, an
 //! optimizer's state) as persistent data: each tensor is cut into chunks held in
@@ -7,6 +7,11 @@
 //! and versions form a tree with branches, tags, undo/redo, diff and merge. Costs grow
 //! with what changed, not with the size of the model: the answer to "put my variables
 //! back to what they were before this step" without a deep copy per step.
+//!
+//! The history can also outlive the process: [`Store::save`] writes what a repository
+//! (a local directory, or object storage with the `s3` feature) lacks, crash-safely, and
+//! [`Store::open`] reads it back lazily, so that a history can grow past RAM and be
+//! shared by several processes ([`Store::refresh`], [`Store::gc`]).
 //!
 //! ```
 //! use ndarray::array;
@@ -85,9 +90,12 @@
 //! Every fallible call returns [`Error`]; a call that fails changes nothing.
 
 // `unsafe` lives in `kernels::stream` (streaming stores for fused updates, a measured
-// win) and in the two functions that map files (`repo::backend::local::map_file` for
-// repository packs, `repo::safetensors::map_file` for imported files), with a
-// `// SAFETY:` comment on every block.
+// win), in two blocks of `tensor.rs` that materialize a tensor into an uninitialized
+// buffer without zeroing it first (`copy_init`, one `memcpy` per chunk, and the
+// `set_len` after every chunk was copied, in `Tensor::to_array`), and in the two
+// functions that map files (`repo::backend::local::map_file` for repository packs,
+// `repo::safetensors::map_file` for imported files), with a `// SAFETY:` comment on
+// every block.
 #![deny(unsafe_code)]
 #![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
 
