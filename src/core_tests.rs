@@ -7,13 +7,13 @@ use ndarray::{s, Array2};
 
 use crate::chunk::{Alloc, Pool};
 use crate::element::DType;
-use crate::kernels::Stores;
+use crate::kernels::WriteMode;
 use crate::tensor::{Tensor, WriteCtx};
 
-fn ctx(alloc: &Alloc, stores: Stores) -> WriteCtx {
+fn ctx(alloc: &Alloc, mode: WriteMode) -> WriteCtx {
     WriteCtx {
         alloc: alloc.clone(),
-        stores,
+        mode,
         par_min_bytes: usize::MAX,
     }
 }
@@ -37,12 +37,12 @@ fn freed_buffers_return_to_the_pool_and_are_reused() {
 
 #[test]
 fn fused_updates_copy_shared_chunks_and_write_owned_ones_in_place() {
-    for stores in [Stores::Normal, Stores::Streaming] {
+    for mode in [WriteMode::Normal, WriteMode::Streaming] {
         let alloc = Alloc::new(Some(Pool::new(48, 1024)));
         let a = Array2::from_shape_fn((5, 3), |(i, j)| (i * 3 + j) as f32);
         let mut t = Tensor::from_array_in(&a, 48, &alloc).unwrap();
         let base = t.clone();
-        let cx = ctx(&alloc, stores);
+        let cx = ctx(&alloc, mode);
         assert_eq!(t.map::<f32>(&cx, |x| x), (0, 0));
         assert!(t.ptr_eq(&base));
         let (written, copied) = t.map::<f32>(&cx, |x| x + 1.0);

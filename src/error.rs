@@ -3,6 +3,7 @@
 use std::ops::Range;
 
 use crate::element::DType;
+use crate::history::RefKind;
 use crate::text::escape;
 use crate::version::{ParseVersionIdError, VersionId};
 
@@ -133,8 +134,8 @@ pub enum Error {
     WrongRefKind {
         /// The name given.
         name: String,
-        /// `"branch"` or `"tag"`.
-        expected: &'static str,
+        /// The kind the call needs.
+        expected: RefKind,
     },
     /// The branch HEAD is attached to cannot be deleted.
     #[error("branch `{}` is checked out", escape(.name))]

@@ -26,7 +26,42 @@ pub enum Ref {
     Tag(VersionId),
 }
 
+/// The kind of a [`Ref`]: a branch or a tag.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RefKind {
+    /// A [`Ref::Branch`]: moves with commits made while HEAD is attached to it.
+    Branch,
+    /// A [`Ref::Tag`]: never moves.
+    Tag,
+}
+
+impl RefKind {
+    /// `branch` or `tag`.
+    #[must_use]
+    pub const fn name(self) -> &'static str {
+        match self {
+            RefKind::Branch => "branch",
+            RefKind::Tag => "tag",
+        }
+    }
+}
+
+impl fmt::Display for RefKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 impl Ref {
+    /// Whether the ref is a branch or a tag.
+    #[must_use]
+    pub fn kind(self) -> RefKind {
+        match self {
+            Ref::Branch(_) => RefKind::Branch,
+            Ref::Tag(_) => RefKind::Tag,
+        }
+    }
+
     /// The version the ref points at.
     #[must_use]
     pub fn target(self) -> VersionId {

@@ -4,7 +4,7 @@
 //! over memory.
 //!
 //! New values are computed block by block into a small buffer that stays in L1 and then
-//! stored. With [`Stores::Streaming`] the stores are non-temporal: they do not read the
+//! stored. With [`WriteMode::Streaming`] the stores are non-temporal: they do not read the
 //! destination's cache lines first, a quarter less memory traffic when the data is larger
 //! than the last-level cache, and slower when it is not (the store decides by the working
 //! state's size, see `Config::stream_threshold_bytes`).
@@ -15,7 +15,7 @@ use crate::element::Element;
 
 /// How the kernels write their destination.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Stores {
+pub(crate) enum WriteMode {
     /// Ordinary stores.
     Normal,
     /// Non-temporal stores (x86_64; elsewhere ordinary).
@@ -40,16 +40,16 @@ pub(crate) fn map_into<T: Element>(
     src: &[T],
     dst: &mut [T],
     f: &impl Fn(T) -> T,
-    stores: Stores,
+    mode: WriteMode,
 ) -> bool {
     debug_assert_eq!(
         src.len(),
         dst.len(),
         "map_into: source and destination lengths differ"
     );
-    match stores {
-        Stores::Normal => map_block(src, dst, f),
-        Stores::Streaming => streamed(dst, |r, out| map_block(&src[r], out, f)),
+    match mode {
+        WriteMode::Normal => map_block(src, dst, f),
+        WriteMode::Streaming => streamed(dst, |r, out| map_block(&src[r], out, f)),
     }
 }
 
@@ -60,7 +60,7 @@ pub(crate) fn zip_into<T: Element>(
     other: &[T],
     dst: &mut [T],
     f: &impl Fn(T, T) -> T,
-    stores: Stores,
+    mode: WriteMode,
 ) -> bool {
     debug_assert_eq!(
         src.len(),
@@ -72,9 +72,11 @@ pub(crate) fn zip_into<T: Element>(
         other.len(),
         "zip_into: source and operand lengths differ"
     );
-    match stores {
-        Stores::Normal => zip_block(src, other, dst, f),
-        Stores::Streaming => streamed(dst, |r, out| zip_block(&src[r.clone()], &other[r], out, f)),
+    match mode {
+        WriteMode::Normal => zip_block(src, other, dst, f),
+        WriteMode::Streaming => {
+            streamed(dst, |r, out| zip_block(&src[r.clone()], &other[r], out, f))
+        }
     }
 }
 
@@ -234,14 +236,14 @@ mod tests {
                     &g[offset..],
                     &mut plain[offset..],
                     &f,
-                    Stores::Normal,
+                    WriteMode::Normal,
                 );
                 let b = zip_into(
                     &src[offset..],
                     &g[offset..],
                     &mut streamed[offset..],
                     &f,
-                    Stores::Streaming,
+                    WriteMode::Streaming,
                 );
                 assert_eq!(plain, streamed, "n={n} offset={offset}");
                 assert_eq!(a, b, "change flag n={n} offset={offset}");
@@ -251,12 +253,12 @@ mod tests {
                 let m = |x: f32| x * 2.0;
                 let mut plain = vec![0f32; n + offset];
                 let mut streamed = vec![0f32; n + offset];
-                let a = map_into(&src[offset..], &mut plain[offset..], &m, Stores::Normal);
+                let a = map_into(&src[offset..], &mut plain[offset..], &m, WriteMode::Normal);
                 let b = map_into(
                     &src[offset..],
                     &mut streamed[offset..],
                     &m,
-                    Stores::Streaming,
+                    WriteMode::Streaming,
                 );
                 assert_eq!(plain, streamed, "map n={n} offset={offset}");
                 assert_eq!(a, b);
@@ -286,9 +288,9 @@ mod tests {
     #[test]
     fn change_check_sees_a_single_flipped_bit() {
         let src: Vec<u16> = (0..3000).collect();
-        for stores in [Stores::Normal, Stores::Streaming] {
+        for mode in [WriteMode::Normal, WriteMode::Streaming] {
             let mut dst = vec![0u16; 3000];
-            assert!(!map_into(&src, &mut dst, &|x| x, stores));
+            assert!(!map_into(&src, &mut dst, &|x| x, mode));
             assert_eq!(dst, src);
             for flip in [0usize, 1023, 1024, 2999] {
                 let changed = map_into(
@@ -301,7 +303,7 @@ mod tests {
                             x
                         }
                     },
-                    stores,
+                    mode,
                 );
                 assert!(changed, "flip at {flip}");
                 assert_eq!(dst[flip], src[flip] ^ 0x8000);

@@ -137,7 +137,7 @@ pub use diff::{Diff, TensorDiff, VarDiff};
 pub use element::{DType, Element};
 pub use error::{Conflict, Error, Result};
 pub use hash::ContentHash;
-pub use history::Ref;
+pub use history::{Ref, RefKind};
 pub use merge::MergeStrategy;
 pub use meta::{Meta, Value};
 pub use repo::backend::{

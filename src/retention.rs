@@ -175,6 +175,14 @@ impl Store {
         })
     }
 
+    /// Auto-retention after a commit: with [`Config::max_versions`](crate::Config::max_versions)
+    /// set to `n`, keep the last `n` versions per branch and drop unreachable ones.
+    pub(crate) fn auto_retain(&mut self) {
+        if let Some(n) = self.config.max_versions {
+            self.prune_quiet(&Retention::keep_last(n).drop_unreachable(true));
+        }
+    }
+
     /// Prune without computing byte counts (used by auto-retention on every commit).
     pub(crate) fn prune_quiet(&mut self, policy: &Retention) -> Vec<VersionId> {
         let hist = &self.hist;

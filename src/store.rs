@@ -9,10 +9,9 @@ use crate::chunk::{Alloc, Pool};
 use crate::config::Config;
 use crate::element::Element;
 use crate::error::{Error, Result};
-use crate::history::{check_ref_name, Head, History, Ref, Vars};
-use crate::kernels::Stores;
+use crate::history::{check_ref_name, Head, History, Ref, RefKind, Vars};
+use crate::kernels::WriteMode;
 use crate::meta::Meta;
-use crate::retention::Retention;
 use crate::snapshot::Snapshot;
 use crate::tensor::{Tensor, WriteCtx, WriteStats, PAR_MIN_BYTES, PAR_MIN_BYTES_COLD};
 use crate::version::VersionId;
@@ -32,7 +31,8 @@ pub struct Store {
     pool: Option<Arc<Pool>>,
     pub(crate) working: Vars,
     pub(crate) hist: History,
-    /// The repository this store saves to, if any.
+    /// The repository this store saves to, if any. The one place the core names the
+    /// repository layer: everything the store asks of it goes through this link.
     pub(crate) repo: Option<Box<crate::repo::Bound>>,
 }
 
@@ -217,10 +217,10 @@ impl Store {
         let cold = bytes >= self.config.stream_threshold_bytes;
         WriteCtx {
             alloc: self.alloc.clone(),
-            stores: if cold {
-                Stores::Streaming
+            mode: if cold {
+                WriteMode::Streaming
             } else {
-                Stores::Normal
+                WriteMode::Normal
             },
             par_min_bytes: if cold {
                 PAR_MIN_BYTES_COLD
@@ -390,7 +390,7 @@ impl Store {
     /// Like [`commit`](Store::commit), recording `meta` (a step, a loss, a learning
     /// rate) with the version; read it back with [`metadata`](Store::metadata) or
     /// [`Snapshot::metadata`]. [`log_graph`](Store::log_graph) shows it after the message
-    /// and [`Retention::keep_best`] ranks versions by it.
+    /// and [`Retention::keep_best`](crate::Retention::keep_best) ranks versions by it.
     ///
     /// O(keys) plus what [`commit`](Store::commit) costs.
     ///
@@ -636,7 +636,7 @@ impl Store {
             Some(Ref::Tag(_)) => {
                 return Err(Error::WrongRefKind {
                     name: name.to_owned(),
-                    expected: "branch",
+                    expected: RefKind::Branch,
                 })
             }
             None => {
@@ -668,7 +668,7 @@ impl Store {
     /// [`Error::UnknownRef`], [`Error::WrongRefKind`] for a tag,
     /// [`Error::BranchCheckedOut`] for the branch HEAD is attached to.
     pub fn delete_branch(&mut self, name: &str) -> Result<()> {
-        self.delete_ref(name, "branch")
+        self.delete_ref(name, RefKind::Branch)
     }
 
     /// Delete tag `name`. O(log refs).
@@ -677,19 +677,19 @@ impl Store {
     ///
     /// [`Error::UnknownRef`], [`Error::WrongRefKind`] for a branch.
     pub fn delete_tag(&mut self, name: &str) -> Result<()> {
-        self.delete_ref(name, "tag")
+        self.delete_ref(name, RefKind::Tag)
     }
 
-    fn delete_ref(&mut self, name: &str, kind: &'static str) -> Result<()> {
-        let is_branch = match self.hist.refs.get(name) {
-            Some(r) => matches!(r, Ref::Branch(_)),
+    fn delete_ref(&mut self, name: &str, kind: RefKind) -> Result<()> {
+        let found = match self.hist.refs.get(name) {
+            Some(r) => r.kind(),
             None => {
                 return Err(Error::UnknownRef {
                     name: name.to_owned(),
                 })
             }
         };
-        if is_branch != (kind == "branch") {
+        if found != kind {
             return Err(Error::WrongRefKind {
                 name: name.to_owned(),
                 expected: kind,
@@ -724,7 +724,7 @@ impl Store {
         if let Ok(id) = refname.parse::<VersionId>() {
             return match self.hist.node(id) {
                 Ok(_) => Ok(id),
-                Err(e) => match crate::repo::resolve_prefix(self, refname)? {
+                Err(e) => match self.saved_with_prefix(refname)? {
                     Some(v) if !refname.starts_with('v') => Ok(v),
                     _ => Err(e),
                 },
@@ -732,12 +732,21 @@ impl Store {
         }
         match self.hist.refs.get(refname) {
             Some(r) => Ok(r.target()),
-            None => match crate::repo::resolve_prefix(self, refname)? {
+            None => match self.saved_with_prefix(refname)? {
                 Some(v) => Ok(v),
                 None => Err(Error::UnknownRef {
                     name: refname.to_owned(),
                 }),
             },
+        }
+    }
+
+    /// The saved version whose content address starts with the hex digits `text`, if
+    /// this store has a repository (see [`resolve`](Store::resolve)).
+    fn saved_with_prefix(&self, text: &str) -> Result<Option<VersionId>> {
+        match &self.repo {
+            Some(b) => b.resolve_prefix(&self.hist, text),
+            None => Ok(None),
         }
     }
 
@@ -872,9 +881,7 @@ impl Store {
         let id = self.hist.add(parents, message, meta, self.working.clone());
         self.hist.move_head(id);
         self.hist.redo.clear();
-        if let Some(n) = self.config.max_versions {
-            self.prune_quiet(&Retention::keep_last(n).drop_unreachable(true));
-        }
+        self.auto_retain();
         Ok(id)
     }
 }

@@ -14,7 +14,7 @@ use crate::chunk::{Alloc, Chunk};
 use crate::element::{DType, Element};
 use crate::error::{Error, Result};
 use crate::hash::ContentHash;
-use crate::kernels::{self, Stores};
+use crate::kernels::{self, WriteMode};
 
 /// The persistent container of a tensor's chunks (kept behind this alias so that it can
 /// change without touching the rest of the crate).
@@ -39,7 +39,7 @@ pub(crate) const PAR_MIN_BYTES_COLD: usize = 1 << 20;
 #[derive(Debug)]
 pub(crate) struct WriteCtx {
     pub(crate) alloc: Alloc,
-    pub(crate) stores: Stores,
+    pub(crate) mode: WriteMode,
     pub(crate) par_min_bytes: usize,
 }
 
@@ -783,11 +783,11 @@ impl Tensor {
         ctx: &WriteCtx,
         f: impl Fn(T) -> T + Sync,
     ) -> (usize, usize) {
-        let stores = ctx.stores;
+        let mode = ctx.mode;
         self.fused(
             ctx,
             None,
-            |src, _, dst| kernels::map_into(src, dst, &f, stores),
+            |src, _, dst| kernels::map_into(src, dst, &f, mode),
             |buf, _| kernels::map_in_place(buf, &f),
         )
     }
@@ -801,11 +801,11 @@ impl Tensor {
         f: impl Fn(T, T) -> T + Sync,
     ) -> (usize, usize) {
         debug_assert_eq!(other.len(), self.len(), "zip: operand length differs");
-        let stores = ctx.stores;
+        let mode = ctx.mode;
         self.fused(
             ctx,
             Some(other),
-            |src, o, dst| kernels::zip_into(src, o, dst, &f, stores),
+            |src, o, dst| kernels::zip_into(src, o, dst, &f, mode),
             |buf, o| kernels::zip_in_place(buf, o, &f),
         )
     }

@@ -8,7 +8,7 @@ mod common;
 use common::{ramp, small_store, CHUNK_F32};
 use ndarray::{arr1, Array1};
 use tensor_history::{
-    Conflict, DType, Error, MergeStrategy, Ref, Result, Retention, Store, VersionId,
+    Conflict, DType, Error, MergeStrategy, Ref, RefKind, Result, Retention, Store, VersionId,
 };
 
 /// Everything observable about a store.
@@ -231,11 +231,15 @@ fn invalid_ref_names_change_nothing() {
 fn wrong_ref_kind_changes_nothing() {
     let (mut store, _) = forked();
     let err = fails_unchanged(&mut store, |s| s.checkout("base"));
-    assert!(matches!(err, Error::WrongRefKind { name, expected: "branch" } if name == "base"));
+    assert!(
+        matches!(err, Error::WrongRefKind { name, expected: RefKind::Branch } if name == "base")
+    );
     let err = fails_unchanged(&mut store, |s| s.delete_branch("base"));
-    assert!(matches!(err, Error::WrongRefKind { name, expected: "branch" } if name == "base"));
+    assert!(
+        matches!(err, Error::WrongRefKind { name, expected: RefKind::Branch } if name == "base")
+    );
     let err = fails_unchanged(&mut store, |s| s.delete_tag("dev"));
-    assert!(matches!(err, Error::WrongRefKind { name, expected: "tag" } if name == "dev"));
+    assert!(matches!(err, Error::WrongRefKind { name, expected: RefKind::Tag } if name == "dev"));
 }
 
 #[test]

@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use crate::element::DType;
 use crate::error::{Error, Result};
 use crate::hash::ContentHash;
+use crate::history::RefKind;
 use crate::meta::Meta;
 use crate::tensor::shape_len;
 
@@ -504,11 +505,40 @@ pub(crate) struct ConfigJson {
 /// One entry of a ref's log.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct RefEntry {
-    /// `branch`, `tag` or `deleted`.
-    pub(crate) kind: String,
+    pub(crate) kind: EntryKind,
     /// The version (absent for `deleted`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) version: Option<ContentHash>,
+}
+
+/// What a ref log entry records: the ref is a branch or a tag (with a version), or was
+/// deleted (without one). Written as `"branch"`, `"tag"` or `"deleted"`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum EntryKind {
+    Branch,
+    Tag,
+    Deleted,
+}
+
+impl EntryKind {
+    /// The kind as written on disk.
+    pub(crate) const fn name(self) -> &'static str {
+        match self {
+            EntryKind::Branch => "branch",
+            EntryKind::Tag => "tag",
+            EntryKind::Deleted => "deleted",
+        }
+    }
+}
+
+impl From<RefKind> for EntryKind {
+    fn from(k: RefKind) -> EntryKind {
+        match k {
+            RefKind::Branch => EntryKind::Branch,
+            RefKind::Tag => EntryKind::Tag,
+        }
+    }
 }
 
 /// `HEAD.json`: attached to a branch, or detached at a version.

@@ -9,9 +9,9 @@ use serde::{Deserialize, Serialize};
 use super::backend::{is_not_found, Backend, ObjectInfo};
 use super::format::{
     corrupt, encode, gc_key, id_of_key, index_key, manifest_key, pack_key, parse_gc, parse_index,
-    parse_json, parse_manifest, parse_ref_key, parse_version, pruned_key, version_key, GcBody,
-    HeadJson, IndexBody, IndexPack, Kind, PrunedJson, RefEntry, GC_PREFIX, HEAD_KEY, INDEX_PREFIX,
-    MANIFESTS_PREFIX, PACKS_PREFIX, PRUNED_PREFIX, REFS_PREFIX, VERSIONS_PREFIX,
+    parse_json, parse_manifest, parse_ref_key, parse_version, pruned_key, version_key, EntryKind,
+    GcBody, HeadJson, IndexBody, IndexPack, Kind, PrunedJson, RefEntry, GC_PREFIX, HEAD_KEY,
+    INDEX_PREFIX, MANIFESTS_PREFIX, PACKS_PREFIX, PRUNED_PREFIX, REFS_PREFIX, VERSIONS_PREFIX,
 };
 use super::generation::{start_generation, trim_generations};
 use super::save::write_pack;
@@ -125,7 +125,7 @@ fn mark(backend: &dyn Backend, objects: &[ObjectInfo], held: &[ContentHash]) -> 
     let mut roots = Vec::new();
     for (_, key) in latest.values() {
         let e: RefEntry = parse_json(key, &get(backend, key)?)?;
-        roots.extend(e.version.filter(|_| e.kind != "deleted"));
+        roots.extend(e.version.filter(|_| e.kind != EntryKind::Deleted));
         live.keys.insert(key.clone());
     }
     match backend.get(HEAD_KEY) {

@@ -31,7 +31,6 @@ use backend::{AlignedBuf, Backend, Bytes, LocalDir};
 pub use format::parse_object;
 use format::{corrupt, pack_key, HeadJson, RefEntry};
 pub use gc::{GcOptions, GcStats, DEFAULT_GC_GRACE};
-pub(crate) use open::resolve_prefix;
 pub use open::RefreshStats;
 pub use save::SaveStats;
 

@@ -12,10 +12,10 @@ use serde::{Deserialize, Serialize};
 use super::backend::{is_not_found, Backend, PutOutcome};
 use super::format::{
     corrupt, id_of_key, manifest_key, parse_json, parse_manifest, parse_ref_key, parse_version,
-    ref_key, to_json, version_key, ConfigJson, HeadJson, Manifest, PackEntry, PrunedJson, RefEntry,
-    VersionBody, CONFIG_KEY, FORMAT_NAME, FORMAT_VERSION, HEADER_LEN, HEAD_KEY, MANIFESTS_PREFIX,
-    PACKS_PREFIX, PACK_ALIGN, PACK_TAIL_LEN, PRUNED_PREFIX, REFS_PREFIX, TRAILER_LEN,
-    VERSIONS_PREFIX,
+    ref_key, to_json, version_key, ConfigJson, EntryKind, HeadJson, Manifest, PackEntry,
+    PrunedJson, RefEntry, VersionBody, CONFIG_KEY, FORMAT_NAME, FORMAT_VERSION, HEADER_LEN,
+    HEAD_KEY, MANIFESTS_PREFIX, PACKS_PREFIX, PACK_ALIGN, PACK_TAIL_LEN, PRUNED_PREFIX,
+    REFS_PREFIX, TRAILER_LEN, VERSIONS_PREFIX,
 };
 use super::generation::GcView;
 use super::RepoChunks;
@@ -59,11 +59,14 @@ fn must_get(backend: &dyn Backend, key: &str) -> Result<super::backend::Bytes> {
 /// else is an error naming the entry (never a ref silently dropped).
 fn parse_ref_entry(key: &str, bytes: &[u8]) -> Result<RefEntry> {
     let e: RefEntry = parse_json(key, bytes)?;
-    match (e.kind.as_str(), e.version.is_some()) {
-        ("branch" | "tag", true) | ("deleted", false) => Ok(e),
+    match (e.kind, e.version.is_some()) {
+        (EntryKind::Branch | EntryKind::Tag, true) | (EntryKind::Deleted, false) => Ok(e),
         (kind, _) => Err(corrupt(
             key,
-            format!("a ref entry of kind `{kind}` with the version field wrong or absent"),
+            format!(
+                "a ref entry of kind `{}` with the version field wrong or absent",
+                kind.name()
+            ),
         )),
     }
 }
@@ -513,10 +516,10 @@ fn insert_versions(hist: &mut History, b: &mut Bound, mut loaded: Loaded) -> usi
 
 fn to_ref(b: &Bound, e: &RefEntry) -> Option<Ref> {
     let id = *b.by_hash.get(&e.version?)?;
-    match e.kind.as_str() {
-        "branch" => Some(Ref::Branch(id)),
-        "tag" => Some(Ref::Tag(id)),
-        _ => None,
+    match e.kind {
+        EntryKind::Branch => Some(Ref::Branch(id)),
+        EntryKind::Tag => Some(Ref::Tag(id)),
+        EntryKind::Deleted => None,
     }
 }
 
@@ -529,7 +532,7 @@ fn roots_of(
 ) -> Vec<(ContentHash, String)> {
     let mut roots: Vec<(ContentHash, String)> = refs
         .iter()
-        .filter(|(_, (_, e))| e.kind != "deleted")
+        .filter(|(_, (_, e))| e.kind != EntryKind::Deleted)
         .filter_map(|(name, (seq, e))| Some((e.version?, ref_key(name, *seq))))
         .collect();
     if let Some(HeadJson::Detached(h)) = head {
@@ -677,7 +680,7 @@ fn refresh_into(store: &mut Store, b: &mut Bound) -> Result<RefreshStats> {
     // again, under a new id (its old one stays pruned).
     let mut revived = Vec::new();
     for (_, e) in changed.values() {
-        let Some(h) = e.version.filter(|_| e.kind != "deleted") else {
+        let Some(h) = e.version.filter(|_| e.kind != EntryKind::Deleted) else {
             continue;
         };
         if let Some(id) = b.by_hash.get(&h).copied() {
@@ -722,7 +725,9 @@ fn refresh_into(store: &mut Store, b: &mut Bound) -> Result<RefreshStats> {
             continue;
         }
         let checked_out = store.hist.head_branch() == Some(name.as_str());
-        if !unchanged_here || (checked_out && (store.is_dirty() || theirs.kind != "branch")) {
+        if !unchanged_here
+            || (checked_out && (store.is_dirty() || theirs.kind != EntryKind::Branch))
+        {
             stats.diverged.push(name);
             continue;
         }
@@ -759,7 +764,7 @@ fn read_checked_out(
     let Some((_, entry)) = store.hist.head_branch().and_then(|name| changed.get(name)) else {
         return Ok(());
     };
-    let Some(h) = entry.version.filter(|_| entry.kind == "branch") else {
+    let Some(h) = entry.version.filter(|_| entry.kind == EntryKind::Branch) else {
         return Ok(());
     };
     if let Some(vars) = loaded.vars.get(&h) {
@@ -770,29 +775,29 @@ fn read_checked_out(
     Ok(())
 }
 
-/// The version whose content address starts with the hex digits `text` (at least 4),
-/// among versions saved or loaded; `None` if `text` is not such a prefix of any.
-pub(crate) fn resolve_prefix(store: &Store, text: &str) -> Result<Option<VersionId>> {
-    let Some(b) = &store.repo else {
-        return Ok(None);
-    };
-    if text.len() < 4 || text.len() > 64 || !text.bytes().all(|c| c.is_ascii_hexdigit()) {
-        return Ok(None);
-    }
-    let want = text.to_ascii_lowercase();
-    let mut found: Vec<VersionId> = b
-        .saved
-        .iter()
-        .filter(|(id, h)| store.hist.node(**id).is_ok() && h.to_string().starts_with(&want))
-        .map(|(id, _)| *id)
-        .collect();
-    found.sort_unstable();
-    match found.len() {
-        0 => Ok(None),
-        1 => Ok(Some(found[0])),
-        n => Err(Error::AmbiguousRef {
-            prefix: text.to_owned(),
-            matches: n,
-        }),
+impl Bound {
+    /// The version whose content address starts with the hex digits `text` (at least 4),
+    /// among versions saved or loaded and still live in `hist`; `None` if `text` is not
+    /// such a prefix of any.
+    pub(crate) fn resolve_prefix(&self, hist: &History, text: &str) -> Result<Option<VersionId>> {
+        if text.len() < 4 || text.len() > 64 || !text.bytes().all(|c| c.is_ascii_hexdigit()) {
+            return Ok(None);
+        }
+        let want = text.to_ascii_lowercase();
+        let mut found: Vec<VersionId> = self
+            .saved
+            .iter()
+            .filter(|(id, h)| hist.node(**id).is_ok() && h.to_string().starts_with(&want))
+            .map(|(id, _)| *id)
+            .collect();
+        found.sort_unstable();
+        match found.len() {
+            0 => Ok(None),
+            1 => Ok(Some(found[0])),
+            n => Err(Error::AmbiguousRef {
+                prefix: text.to_owned(),
+                matches: n,
+            }),
+        }
     }
 }

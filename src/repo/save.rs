@@ -11,8 +11,8 @@ use serde::{Deserialize, Serialize};
 use super::backend::{Backend, PutOutcome};
 use super::format::{
     encode, index_key, manifest_key, pack_header, pack_key, pack_tail, pruned_key, ref_key,
-    time_parts, to_json, version_key, HeadJson, IndexBody, IndexPack, Kind, ManifestBody,
-    PackEntry, PrunedJson, RefEntry, VersionBody, HEAD_KEY, PACK_ALIGN,
+    time_parts, to_json, version_key, EntryKind, HeadJson, IndexBody, IndexPack, Kind,
+    ManifestBody, PackEntry, PrunedJson, RefEntry, VersionBody, HEAD_KEY, PACK_ALIGN,
 };
 use super::{open_path, Bound, Loc};
 use crate::chunk::{Chunk, Pool};
@@ -234,16 +234,12 @@ pub(crate) fn write_pack(
 /// The entry a ref should have in the repository, from memory.
 fn ref_entry(r: Option<&Ref>, hash_of: &impl Fn(VersionId) -> Option<ContentHash>) -> RefEntry {
     match r {
-        Some(Ref::Branch(v)) => RefEntry {
-            kind: "branch".into(),
-            version: hash_of(*v),
-        },
-        Some(Ref::Tag(v)) => RefEntry {
-            kind: "tag".into(),
-            version: hash_of(*v),
+        Some(r) => RefEntry {
+            kind: r.kind().into(),
+            version: hash_of(r.target()),
         },
         None => RefEntry {
-            kind: "deleted".into(),
+            kind: EntryKind::Deleted,
             version: None,
         },
     }
@@ -639,7 +635,7 @@ fn write_refs(hist: &History, b: &mut Bound, mut stats: SaveStats) -> Result<Sav
         let want = ref_entry(hist.refs.get(&name), &hash_of);
         let seen = b.refs_seen.get(&name);
         let unchanged = match seen {
-            None => want.kind == "deleted",
+            None => want.kind == EntryKind::Deleted,
             Some((_, e)) => *e == want,
         };
         if unchanged {
@@ -729,7 +725,7 @@ fn write_refs(hist: &History, b: &mut Bound, mut stats: SaveStats) -> Result<Sav
 /// Whether writing `want` over the repository's `theirs` loses nothing: both are the
 /// same kind and `theirs`' version is an ancestor of `want`'s (which this store holds).
 fn fast_forward(hist: &History, b: &Bound, theirs: &RefEntry, want: &RefEntry) -> bool {
-    if theirs.kind != want.kind || want.kind == "deleted" {
+    if theirs.kind != want.kind || want.kind == EntryKind::Deleted {
         return false;
     }
     let (Some(t), Some(w)) = (theirs.version, want.version) else {

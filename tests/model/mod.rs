@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use ndarray::{ArrayD, IxDyn};
 use tensor_history::{
-    Conflict, Diff, Error, Goal, MergeStrategy, Meta, Ref, TensorDiff, VarDiff, VersionId,
+    Conflict, Diff, Error, Goal, MergeStrategy, Meta, Ref, RefKind, TensorDiff, VarDiff, VersionId,
 };
 
 /// 16 `f32` elements per chunk.
@@ -518,7 +518,11 @@ impl Model {
         if is_branch != branch {
             return Err(Error::WrongRefKind {
                 name: name.to_owned(),
-                expected: if branch { "branch" } else { "tag" },
+                expected: if branch {
+                    RefKind::Branch
+                } else {
+                    RefKind::Tag
+                },
             });
         }
         if self.head_branch() == Some(name) {
@@ -537,7 +541,7 @@ impl Model {
             }),
             Some(Ref::Tag(_)) => Err(Error::WrongRefKind {
                 name: name.to_owned(),
-                expected: "branch",
+                expected: RefKind::Branch,
             }),
             Some(Ref::Branch(v)) => {
                 self.working = self.node(v.0)?.vars.clone();

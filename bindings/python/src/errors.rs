@@ -81,7 +81,10 @@ pub(crate) fn to_py(e: Error) -> PyErr {
             Error::InvalidRefName { name } => ("InvalidRefName", vec![("name", obj(py, name))]),
             Error::WrongRefKind { name, expected } => (
                 "WrongRefKind",
-                vec![("name", obj(py, name)), ("expected", obj(py, expected))],
+                vec![
+                    ("name", obj(py, name)),
+                    ("expected", obj(py, expected.name())),
+                ],
             ),
             Error::BranchCheckedOut { name } => ("BranchCheckedOut", vec![("name", obj(py, name))]),
             Error::NoCommits => ("NoCommits", vec![]),
