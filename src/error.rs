@@ -86,6 +86,20 @@ pub enum Error {
         /// The element type.
         dtype: DType,
     },
+    /// A tensor with more axes than a tensor can have ([`MAX_DIMS`](crate::MAX_DIMS), the
+    /// most a repository's manifest holds). Nothing was added or written.
+    #[error(
+        "`{}` has {dims} dimensions; a tensor has at most {max}",
+        escape(.name)
+    )]
+    TooManyDims {
+        /// The variable (empty for a tensor outside a store).
+        name: String,
+        /// The number of dimensions given.
+        dims: usize,
+        /// The most a tensor may have ([`MAX_DIMS`](crate::MAX_DIMS)).
+        max: usize,
+    },
     /// A [`Config`](crate::Config) value is not usable.
     #[error("invalid config: {}", escape(.reason))]
     InvalidConfig {

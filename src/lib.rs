@@ -152,5 +152,5 @@ pub use retention::{Goal, KeepBest, PruneStats, Retention};
 pub use snapshot::Snapshot;
 pub use stats::Stats;
 pub use store::Store;
-pub use tensor::{Tensor, WriteStats};
+pub use tensor::{Tensor, WriteStats, MAX_DIMS};
 pub use version::{ParseVersionIdError, VersionId};

@@ -105,7 +105,8 @@ impl Store {
     ///
     /// [`Error::VariableExists`]; [`Error::InvalidConfig`] if `chunk_bytes` is smaller
     /// than one element of `T`; [`Error::TooLarge`] if the array's logical size exceeds
-    /// `isize::MAX` bytes (a broadcast view of a huge shape).
+    /// `isize::MAX` bytes (a broadcast view of a huge shape); [`Error::TooManyDims`] for
+    /// more than [`MAX_DIMS`](crate::MAX_DIMS) axes.
     pub fn insert<T, S, D>(&mut self, name: &str, array: &ArrayBase<S, D>) -> Result<()>
     where
         T: Element,
@@ -123,7 +124,8 @@ impl Store {
     ///
     /// [`Error::VariableExists`]; [`Error::InvalidConfig`] if `chunk_bytes` is smaller
     /// than one element of `T`; [`Error::TooLarge`] if the array's logical size exceeds
-    /// `isize::MAX` bytes (a broadcast view of a huge shape).
+    /// `isize::MAX` bytes (a broadcast view of a huge shape); [`Error::TooManyDims`] for
+    /// more than [`MAX_DIMS`](crate::MAX_DIMS) axes.
     pub fn insert_chunked<T, S, D>(
         &mut self,
         name: &str,
@@ -136,7 +138,14 @@ impl Store {
         D: Dimension,
     {
         self.check_free(name)?;
-        let t = Tensor::from_array_in(array, chunk_bytes, &self.alloc)?;
+        let t = Tensor::from_array_in(array, chunk_bytes, &self.alloc).map_err(|e| match e {
+            Error::TooManyDims { dims, max, .. } => Error::TooManyDims {
+                name: name.to_owned(),
+                dims,
+                max,
+            },
+            e => e,
+        })?;
         self.working.insert(name.to_owned(), t);
         Ok(())
     }

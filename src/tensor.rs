@@ -160,6 +160,22 @@ fn row_len(shape: &[usize]) -> Option<usize> {
     shape_len(shape.split_first()?.1)
 }
 
+/// The most dimensions (axes) a tensor may have: the most a repository's manifest holds
+/// (`docs/FORMAT.md`), enforced where tensors are made so that every tensor can be saved.
+pub const MAX_DIMS: usize = 64;
+
+/// [`Error::TooManyDims`] (naming `name`) if `shape` has more than [`MAX_DIMS`] axes.
+pub(crate) fn check_dims(name: &str, shape: &[usize]) -> Result<()> {
+    if shape.len() > MAX_DIMS {
+        return Err(Error::TooManyDims {
+            name: name.to_owned(),
+            dims: shape.len(),
+            max: MAX_DIMS,
+        });
+    }
+    Ok(())
+}
+
 /// Bytes of a tensor of `shape` and `dtype`, checked: at most `isize::MAX`, the most any
 /// allocation can hold.
 ///
@@ -186,7 +202,8 @@ impl Tensor {
     ///
     /// [`Error::InvalidConfig`] if `chunk_bytes` is smaller than one element;
     /// [`Error::TooLarge`] if the array's logical size exceeds `isize::MAX` bytes (a
-    /// broadcast view of a huge shape).
+    /// broadcast view of a huge shape); [`Error::TooManyDims`] for more than
+    /// [`MAX_DIMS`] axes.
     pub fn from_array<T, S, D>(array: &ArrayBase<S, D>, chunk_bytes: usize) -> Result<Tensor>
     where
         T: Element,
@@ -207,6 +224,7 @@ impl Tensor {
         D: Dimension,
     {
         let shape: Arc<[usize]> = array.shape().into();
+        check_dims("", &shape)?;
         checked_nbytes(&shape, T::DTYPE)?;
         let chunk_elems = chunk_elems_for(&shape, T::DTYPE, chunk_bytes)?;
         let std = array.as_standard_layout();
@@ -241,6 +259,7 @@ impl Tensor {
         chunk_bytes: usize,
         alloc: &Alloc,
     ) -> Result<Tensor> {
+        check_dims(name, shape)?;
         let fits = shape_len(shape).and_then(|n| n.checked_mul(dtype.size())) == Some(bytes.len());
         if !fits {
             return Err(Error::ShapeMismatch {

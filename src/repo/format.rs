@@ -31,8 +31,7 @@ pub(crate) const TRAILER_LEN: usize = 32;
 /// Chunk data in a pack starts at multiples of this.
 pub(crate) const PACK_ALIGN: usize = 64;
 
-/// Most dimensions a stored tensor may have.
-const MAX_DIMS: usize = 64;
+pub(crate) use crate::tensor::MAX_DIMS;
 
 /// The kind byte after the magic.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -553,7 +553,9 @@ impl Store {
     /// [`snapshot`](Store::snapshot), [`diff`](Store::diff), merges, [`stats`](Store::stats),
     /// [`verify`](Store::verify), ...). Such a call can then also fail with
     /// [`Error::Io`] or [`Error::CorruptObject`] naming the manifest, and changes nothing
-    /// when it does.
+    /// when it does. If HEAD's own manifests do not read (damaged, or past a limit this
+    /// build enforces, such as [`MAX_DIMS`](crate::MAX_DIMS)), the store starts detached
+    /// at the nearest version that reads, and HEAD's version gives the error when used.
     ///
     /// O(versions + HEAD's tensors) objects read.
     ///
@@ -613,7 +615,19 @@ impl Store {
         }
         store.hist.head = pick_head(&store.hist, &b);
         store.working = match store.hist.head_id() {
-            Some(h) => store.hist.node(h)?.vars.get()?.clone(),
+            Some(h) => match store.hist.node(h)?.vars.get() {
+                Ok(vars) => vars.clone(),
+                // HEAD's version names an object this build cannot read (a manifest of a
+                // layout it refuses, or a damaged one): start detached at the nearest
+                // version that reads, so that the rest of the history stays usable. The
+                // version itself still gives the error when used.
+                Err(e @ Error::CorruptObject { .. }) => {
+                    let (id, vars) = readable_fallback(&store.hist, h).ok_or(e)?;
+                    store.hist.head = Head::Detached(id);
+                    vars
+                }
+                Err(e) => return Err(e),
+            },
             None => Vars::new(),
         };
         store.repo = Some(Box::new(b));
@@ -640,6 +654,22 @@ impl Store {
         self.repo = Some(b);
         result
     }
+}
+
+/// The version nearest to `head` whose variables read (its first-parent ancestors, then
+/// every other version, newest first), with its variables.
+fn readable_fallback(hist: &History, head: VersionId) -> Option<(VersionId, Vars)> {
+    let mut order = Vec::new();
+    let mut at = hist.node(head).ok()?.parents.first().copied();
+    while let Some(v) = at {
+        order.push(v);
+        at = hist.node(v).ok()?.parents.first().copied();
+    }
+    order.extend(hist.live().rev().map(|(id, _)| id));
+    order
+        .into_iter()
+        .filter(|&id| id != head)
+        .find_map(|id| Some((id, hist.node(id).ok()?.vars.get().ok()?.clone())))
 }
 
 fn pick_head(hist: &History, b: &Bound) -> Head {

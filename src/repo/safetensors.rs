@@ -30,7 +30,7 @@ use crate::element::DType;
 use crate::error::{Error, Result};
 use crate::snapshot::Snapshot;
 use crate::store::Store;
-use crate::tensor::Tensor;
+use crate::tensor::{check_dims, Tensor};
 use crate::version::VersionId;
 
 /// The largest header safetensors readers accept (`MAX_HEADER_SIZE` in the crate).
@@ -89,7 +89,9 @@ impl Store {
     /// [`Error::Io`] if the file cannot be opened or mapped;
     /// [`Error::InvalidSafeTensors`] if it is not a valid safetensors file;
     /// [`Error::UnsupportedSafeTensorsDType`] naming the first tensor (in name order)
-    /// whose dtype no [`DType`] holds; [`Error::VariableExists`] if a name is taken.
+    /// whose dtype no [`DType`] holds; [`Error::VariableExists`] if a name is taken;
+    /// [`Error::TooManyDims`] for a tensor of more than [`MAX_DIMS`](crate::MAX_DIMS)
+    /// axes.
     /// On error nothing was imported.
     pub fn import_safetensors(&mut self, path: impl AsRef<Path>) -> Result<Vec<String>> {
         let path = path.as_ref();
@@ -114,6 +116,7 @@ impl Store {
             if self.working.contains_key(name) {
                 return Err(Error::VariableExists { name: name.clone() });
             }
+            check_dims(name, view.shape())?;
         }
         let mut built = Vec::with_capacity(views.len());
         for (name, view) in views {

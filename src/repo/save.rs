@@ -20,7 +20,7 @@ use crate::error::{Error, Result};
 use crate::hash::ContentHash;
 use crate::history::{Head, History, Ref};
 use crate::store::Store;
-use crate::tensor::Tensor;
+use crate::tensor::{check_dims, Tensor};
 use crate::version::VersionId;
 
 /// Packs are cut at about this size.
@@ -46,15 +46,18 @@ pub struct SaveStats {
     pub bytes_written: u64,
 }
 
-/// A tensor's manifest object and its id.
-pub(crate) fn manifest_bytes(t: &Tensor) -> (Vec<u8>, ContentHash) {
+/// A tensor's manifest object and its id. Refuses a layout the manifest reader refuses
+/// (every constructor of a tensor checks it already: this is the last guard before a
+/// repository would hold an object it cannot read).
+pub(crate) fn manifest_bytes(name: &str, t: &Tensor) -> Result<(Vec<u8>, ContentHash)> {
+    check_dims(name, t.shape())?;
     let body = ManifestBody {
         dtype: t.dtype().tag(),
         shape: t.shape().iter().map(|&d| d as u64).collect(),
         chunk_elems: t.chunk_elems() as u64,
         chunks: t.chunks().map(|c| c.hash().0).collect(),
     };
-    encode(Kind::Manifest, &body)
+    Ok(encode(Kind::Manifest, &body))
 }
 
 /// Hash every chunk whose hash is not cached, in parallel.
@@ -108,7 +111,7 @@ fn version_object(
     hist: &History,
     id: VersionId,
     hash_of: impl Fn(VersionId) -> Option<ContentHash>,
-    manifest_of: &mut impl FnMut(&Tensor) -> ContentHash,
+    manifest_of: &mut impl FnMut(&str, &Tensor) -> Result<ContentHash>,
 ) -> Result<(Vec<u8>, ContentHash, Vec<ContentHash>)> {
     version_object_with(hist, id, None, hash_of, manifest_of)
 }
@@ -120,7 +123,7 @@ fn version_object_with(
     id: VersionId,
     parents: Option<Vec<ContentHash>>,
     hash_of: impl Fn(VersionId) -> Option<ContentHash>,
-    manifest_of: &mut impl FnMut(&Tensor) -> ContentHash,
+    manifest_of: &mut impl FnMut(&str, &Tensor) -> Result<ContentHash>,
 ) -> Result<(Vec<u8>, ContentHash, Vec<ContentHash>)> {
     let node = hist.node(id)?;
     let parents: Vec<ContentHash> = match parents {
@@ -147,8 +150,8 @@ fn version_object_with(
             .vars
             .get()?
             .iter()
-            .map(|(name, t)| (name.clone(), manifest_of(t).0))
-            .collect(),
+            .map(|(name, t)| Ok((name.clone(), manifest_of(name, t)?.0)))
+            .collect::<Result<_>>()?,
     };
     let (bytes, hash) = encode(Kind::Version, &body);
     Ok((bytes, hash, parents))
@@ -368,9 +371,10 @@ impl Store {
             let node = self.hist.node(v)?;
             let chunks: Vec<&Chunk> = node.vars.get()?.values().flat_map(|t| t.chunks()).collect();
             hash_chunks(&chunks);
-            let (_, h, _) = version_object(&self.hist, v, |p| known.get(&p).copied(), &mut |t| {
-                manifest_bytes(t).1
-            })?;
+            let (_, h, _) =
+                version_object(&self.hist, v, |p| known.get(&p).copied(), &mut |name, t| {
+                    Ok(manifest_bytes(name, t)?.1)
+                })?;
             known.insert(v, h);
         }
         known.get(&id).copied().ok_or(Error::UnknownVersion { id })
@@ -551,21 +555,16 @@ fn write_objects(hist: &History, b: &mut Bound, stats: &mut SaveStats) -> Result
     let mut new_parents: Vec<(VersionId, ContentHash, Vec<ContentHash>)> = Vec::new();
     let mut markers_new: Vec<(ContentHash, Vec<ContentHash>, Vec<u8>)> = Vec::new();
     for v in &todo {
-        let mut err = None;
-        let mut put_manifest = |t: &Tensor| {
-            let (bytes, id) = manifest_bytes(t);
+        let mut put_manifest = |name: &str, t: &Tensor| {
+            let (bytes, id) = manifest_bytes(name, t)?;
             let absent = !b.manifests.contains(&id)
                 || (!b.gc_keys.is_empty() && b.gc_keys.contains(&manifest_key(&id)));
-            if err.is_none() && absent && manifests_new.insert(id) {
-                match backend.put(&manifest_key(&id), &bytes) {
-                    Ok(()) => {
-                        stats.manifests_written += 1;
-                        stats.bytes_written += bytes.len() as u64;
-                    }
-                    Err(e) => err = Some(e),
-                }
+            if absent && manifests_new.insert(id) {
+                backend.put(&manifest_key(&id), &bytes)?;
+                stats.manifests_written += 1;
+                stats.bytes_written += bytes.len() as u64;
             }
-            id
+            Ok(id)
         };
         // A version written again (a gc recorded or deleted it) keeps its content
         // address: the same parents as before, through prune markers written again
@@ -577,9 +576,6 @@ fn write_objects(hist: &History, b: &mut Bound, stats: &mut SaveStats) -> Result
         let hash_of = |p: VersionId| b.saved.get(&p).or_else(|| new_versions.get(&p)).copied();
         let (bytes, id, parents) =
             version_object_with(hist, *v, original, hash_of, &mut put_manifest)?;
-        if let Some(e) = err {
-            return Err(e);
-        }
         backend.put(&version_key(&id), &bytes)?;
         stats.versions_written += 1;
         stats.bytes_written += bytes.len() as u64;

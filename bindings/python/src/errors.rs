@@ -159,6 +159,14 @@ pub(crate) fn to_py(e: Error) -> PyErr {
                     ("dtype", obj(py, dtype.name())),
                 ],
             ),
+            Error::TooManyDims { name, dims, max } => (
+                "TooManyDims",
+                vec![
+                    ("name", obj(py, name)),
+                    ("dims", obj(py, dims)),
+                    ("max", obj(py, max)),
+                ],
+            ),
             other => (
                 "TensorHistoryError",
                 vec![("detail", obj(py, format!("{other:?}")))],

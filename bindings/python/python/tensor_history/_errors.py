@@ -146,5 +146,9 @@ class TooLarge(TensorHistoryError, ValueError):
     """A tensor larger than memory can address (``shape``, ``dtype``)."""
 
 
+class TooManyDims(TensorHistoryError, ValueError):
+    """A tensor with more axes than a repository holds (``name``, ``dims``, ``max``)."""
+
+
 class TrialError(TensorHistoryError, RuntimeError):
     """A PyTorch tracker call made at the wrong time (``reason``)."""
