@@ -143,6 +143,23 @@ pub enum Error {
         /// The name given.
         name: String,
     },
+    /// A ref name longer than a repository can store: a ref name is one component of an
+    /// object key (a directory name on a local disk, limited to 255 bytes), in which ASCII
+    /// letters, digits, `-` and `_` take one byte and every other byte of the name three
+    /// (`%XX`). The limit, [`MAX_REF_NAME_BYTES`](crate::MAX_REF_NAME_BYTES) of that
+    /// encoding, is the same on every backend and for a store without a repository.
+    #[error(
+        "ref name `{}` takes {bytes} bytes in a repository key; the limit is {max}",
+        escape(.name)
+    )]
+    RefNameTooLong {
+        /// The name given.
+        name: String,
+        /// Bytes of the name in a key (see above).
+        bytes: usize,
+        /// The limit ([`MAX_REF_NAME_BYTES`](crate::MAX_REF_NAME_BYTES)).
+        max: usize,
+    },
     /// The ref is a tag where a branch is needed (checkout, delete_branch) or the reverse.
     #[error("`{}` is not a {expected}", escape(.name))]
     WrongRefKind {

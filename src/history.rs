@@ -345,6 +345,42 @@ impl History {
     }
 }
 
+/// The most bytes a ref name may take in a repository key (see
+/// [`Error::RefNameTooLong`]): ASCII letters, digits, `-` and `_` count one byte, every
+/// other byte of the UTF-8 name three. 255 is the longest file name of common local file
+/// systems, where the name is one directory; so at most 85 bytes of any text, and up to
+/// 255 ASCII letters and digits.
+pub const MAX_REF_NAME_BYTES: usize = 255;
+
+/// Bytes of `name` as a repository key component (`%XX` for every byte other than ASCII
+/// letters, digits, `-` and `_`; the repository's encoder agrees, see its tests).
+pub(crate) fn ref_name_key_len(name: &str) -> usize {
+    name.bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || b == b'-' || b == b'_' {
+                1
+            } else {
+                3
+            }
+        })
+        .sum()
+}
+
+/// [`Error::RefNameTooLong`] if `name` takes more than [`MAX_REF_NAME_BYTES`] in a key.
+/// Checked where a ref is created (not where one is read: a repository that holds a
+/// longer name, written by an older build on an object store, still opens).
+pub(crate) fn check_ref_name_len(name: &str) -> Result<()> {
+    let bytes = ref_name_key_len(name);
+    if bytes > MAX_REF_NAME_BYTES {
+        return Err(Error::RefNameTooLong {
+            name: name.to_owned(),
+            bytes,
+            max: MAX_REF_NAME_BYTES,
+        });
+    }
+    Ok(())
+}
+
 /// Whether `name` can be a branch or tag name. This is the one place that decides (see
 /// [`Error::InvalidRefName`]): not empty, not `HEAD`, no white space, no control or
 /// invisible characters (see `text::needs_escape`), and not a version id such as `v12`

@@ -72,7 +72,11 @@
 //! - A version is an immutable node of the tree holding the variable map as it was at
 //!   commit time (shared, not copied). [`VersionId`]s are dense and never reused.
 //! - [`Ref`]s name versions: a branch moves when HEAD is attached to it and a commit is
-//!   made; a tag never moves.
+//!   made; a tag never moves. A ref name takes at most [`MAX_REF_NAME_BYTES`] (255)
+//!   bytes in a repository key, where ASCII letters, digits, `-` and `_` count one byte
+//!   and every other byte three: 255 ASCII letters, or 85 bytes of any text. The limit is
+//!   the same with every backend and without one.
+//! - A tensor has at most [`MAX_DIMS`] (64) axes, the most a repository holds.
 //! - A [`Snapshot`] is a read-only handle to one version; it stays valid after the store
 //!   moves on or is dropped.
 //!
@@ -137,7 +141,7 @@ pub use diff::{Diff, TensorDiff, VarDiff};
 pub use element::{DType, Element};
 pub use error::{Conflict, Error, Result};
 pub use hash::ContentHash;
-pub use history::{Ref, RefKind};
+pub use history::{Ref, RefKind, MAX_REF_NAME_BYTES};
 pub use merge::MergeStrategy;
 pub use meta::{Meta, Value};
 pub use repo::backend::{

@@ -9,7 +9,7 @@ use crate::chunk::{Alloc, Pool};
 use crate::config::Config;
 use crate::element::Element;
 use crate::error::{Error, Result};
-use crate::history::{check_ref_name, Head, History, Ref, RefKind, Vars};
+use crate::history::{check_ref_name, check_ref_name_len, Head, History, Ref, RefKind, Vars};
 use crate::kernels::WriteMode;
 use crate::meta::Meta;
 use crate::snapshot::Snapshot;
@@ -595,8 +595,9 @@ impl Store {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidRefName`], [`Error::RefExists`], [`Error::UnknownVersion`],
-    /// [`Error::PrunedVersion`].
+    /// [`Error::InvalidRefName`], [`Error::RefNameTooLong`] for a name past
+    /// [`MAX_REF_NAME_BYTES`](crate::MAX_REF_NAME_BYTES) in a repository key,
+    /// [`Error::RefExists`], [`Error::UnknownVersion`], [`Error::PrunedVersion`].
     pub fn branch(&mut self, name: &str, at: VersionId) -> Result<()> {
         self.new_ref(name, Ref::Branch(at))
     }
@@ -613,6 +614,7 @@ impl Store {
 
     fn new_ref(&mut self, name: &str, r: Ref) -> Result<()> {
         check_ref_name(name)?;
+        check_ref_name_len(name)?;
         if self.hist.refs.contains_key(name) {
             return Err(Error::RefExists {
                 name: name.to_owned(),

@@ -212,3 +212,151 @@ fn a_repository_holding_a_manifest_past_the_dimension_limit_opens_and_the_rest_r
         ndarray::arr1(&[2.5f32]).into_dyn()
     );
 }
+
+// ---- ref names -----------------------------------------------------------------------
+
+#[test]
+fn a_ref_name_past_the_key_limit_is_refused_at_branch_and_tag() {
+    use tensor_history::MAX_REF_NAME_BYTES;
+    let mut s = Store::new();
+    s.insert("w", &ndarray::arr1(&[1.0f32])).unwrap();
+    let v = s.commit("v").unwrap();
+    // 'é' is two bytes of UTF-8, each `%XX` in a key: 6 bytes.
+    for (name, bytes) in [
+        ("é".repeat(43), 258),
+        ("a".repeat(MAX_REF_NAME_BYTES + 1), 256),
+        (format!("{}/", "b".repeat(253)), 256),
+        ("日".repeat(29), 261),
+    ] {
+        for err in [
+            s.branch(&name, v).unwrap_err(),
+            s.tag(&name, v).unwrap_err(),
+        ] {
+            assert!(
+                matches!(&err, Error::RefNameTooLong { name: n, bytes: b, max } if *n == name && *b == bytes && *max == MAX_REF_NAME_BYTES),
+                "{err:?}"
+            );
+        }
+        assert!(s.resolve(&name).is_err());
+    }
+    // At the limit, every kind of name is accepted, saves and reopens.
+    let dir = tempfile::tempdir().unwrap();
+    let fits = [
+        "é".repeat(42),
+        "a".repeat(MAX_REF_NAME_BYTES),
+        "日".repeat(28),
+    ];
+    for name in &fits {
+        s.branch(name, v).unwrap();
+    }
+    s.save_as(dir.path()).unwrap();
+    let r = Store::open(dir.path()).unwrap();
+    for name in &fits {
+        assert_eq!(r.resolve(name).unwrap(), v, "{name}");
+    }
+}
+
+/// A repository on an object store (here in memory: no name limit) that an older build
+/// wrote with a ref whose name does not fit a local directory.
+fn memory_repository_with_a_long_ref() -> (std::sync::Arc<tensor_history::MemoryBackend>, String) {
+    use tensor_history::Backend;
+    let mem = std::sync::Arc::new(tensor_history::MemoryBackend::new());
+    let mut s = Store::new();
+    s.insert("w", &ndarray::arr1(&[1.0f32])).unwrap();
+    let v = s.commit("v").unwrap();
+    s.save_to(mem.clone()).unwrap();
+    let long = "é".repeat(60);
+    let enc: String = long.bytes().map(|b| format!("%{b:02X}")).collect();
+    let hash = s.version_hash(v).unwrap();
+    mem.put(
+        &format!("refs/{enc}/00000000000000000000.json"),
+        format!("{{\"kind\": \"branch\", \"version\": \"{hash}\"}}\n").as_bytes(),
+    )
+    .unwrap();
+    (mem, long)
+}
+
+#[test]
+fn a_ref_too_long_for_the_target_never_blocks_the_other_refs_head_or_markers() {
+    let (mem, long) = memory_repository_with_a_long_ref();
+    let mut s = Store::open_backend(mem.clone(), tensor_history::Config::default()).unwrap();
+    let v0 = s.resolve(&long).unwrap();
+    // The repository that holds the name takes its moves.
+    s.write("w", &ndarray::arr1(&[2.0f32])).unwrap();
+    let v1 = s.commit("v1").unwrap();
+    s.write("w", &ndarray::arr1(&[3.0f32])).unwrap();
+    let v2 = s.commit("v2").unwrap();
+    s.tag("t", v2).unwrap();
+    s.checkout(&long).unwrap();
+    s.restore(v2).unwrap();
+    s.checkout("main").unwrap();
+    s.save().unwrap();
+    assert_eq!(
+        Store::open_backend(mem.clone(), tensor_history::Config::default())
+            .unwrap()
+            .resolve(&long)
+            .unwrap(),
+        v2
+    );
+
+    // A local directory cannot hold it: every other ref, HEAD and the prune marker of
+    // a version pruned since are saved, and the save says which name did not fit.
+    let dir = tempfile::tempdir().unwrap();
+    s.branch("side", v0).unwrap();
+    s.prune(&tensor_history::Retention {
+        unreachable: true,
+        ..Default::default()
+    })
+    .unwrap();
+    let err = s.save_as(dir.path()).unwrap_err();
+    assert!(
+        matches!(&err, Error::RefNameTooLong { name, .. } if *name == long),
+        "{err:?}"
+    );
+    assert!(s
+        .location()
+        .unwrap()
+        .contains(&*dir.path().to_string_lossy()));
+    let r = Store::open(dir.path()).unwrap();
+    assert_eq!(r.resolve("main").unwrap(), v2);
+    assert_eq!(r.resolve("t").unwrap(), v2);
+    assert_eq!(r.resolve("side").unwrap(), v0);
+    assert_eq!(r.current_branch(), Some("main"));
+    assert!(r.resolve(&long).is_err());
+    assert_eq!(r.parent(v2).unwrap(), Some(v1));
+
+    // Later saves keep working for every other ref, and keep saying so.
+    s.checkout("side").unwrap();
+    s.write("w", &ndarray::arr1(&[9.0f32])).unwrap();
+    let v3 = s.commit("side work").unwrap();
+    assert!(matches!(s.save(), Err(Error::RefNameTooLong { .. })));
+    let r = Store::open(dir.path()).unwrap();
+    assert_eq!(r.resolve("side").unwrap(), v3);
+    assert_eq!(r.current_branch(), Some("side"));
+    // A version saved, then dropped by prune, gets its prune marker.
+    s.branch("tmp", v3).unwrap();
+    s.checkout("tmp").unwrap();
+    s.write("w", &ndarray::arr1(&[10.0f32])).unwrap();
+    s.commit("tmp work").unwrap();
+    assert!(matches!(s.save(), Err(Error::RefNameTooLong { .. })));
+    s.checkout("side").unwrap();
+    s.delete_branch("tmp").unwrap();
+    let pruned = s
+        .prune(&tensor_history::Retention {
+            unreachable: true,
+            ..Default::default()
+        })
+        .unwrap();
+    assert_eq!(pruned.dropped.len(), 1, "{pruned:?}");
+    assert!(matches!(s.save(), Err(Error::RefNameTooLong { .. })));
+    assert!(dir
+        .path()
+        .join("pruned")
+        .read_dir()
+        .unwrap()
+        .next()
+        .is_some());
+    // Deleting the ref clears it.
+    s.delete_branch(&long).unwrap();
+    s.save().unwrap();
+}

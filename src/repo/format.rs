@@ -844,6 +844,17 @@ mod tests {
     }
 
     #[test]
+    fn the_ref_name_length_check_agrees_with_the_encoder() {
+        for name in ["main", "a/b", "ünï", "%41", "a b", "x-y_z", "日本", ""] {
+            assert_eq!(
+                crate::history::ref_name_key_len(name),
+                encode_ref_name(name).len(),
+                "{name}"
+            );
+        }
+    }
+
+    #[test]
     fn generation_keys_round_trip_and_reject_other_names() {
         for seq in [0, 1, 42, u64::MAX] {
             assert_eq!(parse_generation_key(&generation_key(seq)), Some(seq));

@@ -18,7 +18,7 @@ use super::{open_path, Bound, Loc};
 use crate::chunk::{Chunk, Pool};
 use crate::error::{Error, Result};
 use crate::hash::ContentHash;
-use crate::history::{Head, History, Ref};
+use crate::history::{check_ref_name_len, Head, History, Ref};
 use crate::store::Store;
 use crate::tensor::{check_dims, Tensor};
 use crate::version::VersionId;
@@ -259,6 +259,8 @@ pub(crate) fn ref_entry_pub(
 pub(crate) struct Saved {
     pub(crate) stats: SaveStats,
     pub(crate) conflicts: Vec<String>,
+    /// The first error of a ref that could not be written (every other ref was).
+    pub(crate) ref_error: Option<Error>,
 }
 
 impl Store {
@@ -291,7 +293,10 @@ impl Store {
     /// [`save_as`](Store::save_as)); [`Error::Io`] from the backend (nothing in memory is
     /// lost; the next save writes what is missing); [`Error::Conflict`] if a branch moved
     /// in the repository since this store last saw it (nothing is written for it; every
-    /// other ref is saved; [`refresh`](Store::refresh) and merge first).
+    /// other ref is saved; [`refresh`](Store::refresh) and merge first);
+    /// [`Error::RefNameTooLong`] for a ref held from another repository whose name does
+    /// not fit this one's keys (every other ref, HEAD and prune markers are saved). A ref
+    /// that fails to write never keeps the others from being written.
     pub fn save(&mut self) -> Result<SaveStats> {
         let mut bound = self.repo.take().ok_or_else(|| Error::InvalidArgument {
             reason: "this store has no repository: use save_as or open".into(),
@@ -302,9 +307,10 @@ impl Store {
         }
         self.repo = Some(bound);
         let saved = result?;
-        match saved.conflicts.into_iter().next() {
-            Some(branch) => Err(Error::Conflict { branch }),
-            None => Ok(saved.stats),
+        match (saved.conflicts.into_iter().next(), saved.ref_error) {
+            (Some(branch), _) => Err(Error::Conflict { branch }),
+            (None, Some(e)) => Err(e),
+            (None, None) => Ok(saved.stats),
         }
     }
 
@@ -331,7 +337,9 @@ impl Store {
         let bound = Bound::connect(backend)?;
         let old = self.repo.replace(Box::new(bound));
         match self.save() {
-            Err(e) if !matches!(e, Error::Conflict { .. }) => {
+            // A conflict or a ref name too long comes after every other ref was saved:
+            // the store is bound to the new repository.
+            Err(e) if !matches!(e, Error::Conflict { .. } | Error::RefNameTooLong { .. }) => {
                 self.repo = old;
                 Err(e)
             }
@@ -627,6 +635,9 @@ fn write_refs(hist: &History, b: &mut Bound, mut stats: SaveStats) -> Result<Sav
     let mut names: BTreeSet<String> = hist.refs.keys().cloned().collect();
     names.extend(b.refs_seen.keys().cloned());
     let mut conflicts = Vec::new();
+    // One ref that cannot be written never keeps the others (or HEAD) from moving.
+    let mut failed: Vec<String> = Vec::new();
+    let mut ref_error: Option<Error> = None;
     for name in names {
         let want = ref_entry(hist.refs.get(&name), &hash_of);
         let seen = b.refs_seen.get(&name);
@@ -637,17 +648,36 @@ fn write_refs(hist: &History, b: &mut Bound, mut stats: SaveStats) -> Result<Sav
         if unchanged {
             continue;
         }
+        // A name too long for a key (held from a repository an older build wrote on an
+        // object store) can only be written where the repository has it already.
+        if seen.is_none() {
+            if let Err(e) = check_ref_name_len(&name) {
+                ref_error.get_or_insert(e);
+                continue;
+            }
+        }
         let mut seq = seen.map_or(0, |(s, _)| s + 1);
         let body = to_json(&want);
         let mut tries = 0;
         loop {
             tries += 1;
-            let created =
-                backend.put_if_absent(&ref_key(&name, seq), &body)? == PutOutcome::Created;
-            // gc trims the entries before a ref's latest one, so the entry after the one
-            // this store saw may be absent although the ref moved further: a later entry
-            // wins over the one just created.
-            let latest = super::open::read_ref_log(&*backend, &name)?;
+            let written = backend
+                .put_if_absent(&ref_key(&name, seq), &body)
+                .and_then(|outcome| {
+                    // gc trims the entries before a ref's latest one, so the entry after
+                    // the one this store saw may be absent although the ref moved further:
+                    // a later entry wins over the one just created.
+                    let latest = super::open::read_ref_log(&*backend, &name)?;
+                    Ok((outcome == PutOutcome::Created, latest))
+                });
+            let (created, latest) = match written {
+                Ok(w) => w,
+                Err(e) => {
+                    failed.push(name.clone());
+                    ref_error.get_or_insert(e);
+                    break;
+                }
+            };
             match latest {
                 Some((lseq, _)) if created && lseq == seq => {
                     stats.refs_written += 1;
@@ -680,7 +710,7 @@ fn write_refs(hist: &History, b: &mut Bound, mut stats: SaveStats) -> Result<Sav
     // version through its children (the previous save's refs). After a conflict the
     // other process's refs may still reach it: the markers wait for a later save.
     let mut markers = Vec::new();
-    if conflicts.is_empty() {
+    if conflicts.is_empty() && failed.is_empty() {
         for (id, h) in &b.saved {
             if hist.node(*id).is_err() && !b.pruned.contains_key(h) {
                 let parents = b.parents_of.get(h).cloned().unwrap_or_default();
@@ -699,7 +729,9 @@ fn write_refs(hist: &History, b: &mut Bound, mut stats: SaveStats) -> Result<Sav
         Head::Branch(name) => Some(HeadJson::Branch(name.clone())),
         Head::Detached(v) => hash_of(*v).map(HeadJson::Detached),
     };
-    let head_conflicts = matches!(&head, Some(HeadJson::Branch(n)) if conflicts.contains(n));
+    let head_conflicts = matches!(&head, Some(HeadJson::Branch(n))
+        if conflicts.contains(n) || failed.contains(n)
+            || (check_ref_name_len(n).is_err() && !b.refs_seen.contains_key(n)));
     let head = head.filter(|h| b.head_seen.as_ref() != Some(h) && !head_conflicts);
     if let Some(head) = &head {
         let body = to_json(head);
@@ -715,7 +747,11 @@ fn write_refs(hist: &History, b: &mut Bound, mut stats: SaveStats) -> Result<Sav
     for (h, parents) in markers {
         b.pruned.insert(h, parents);
     }
-    Ok(Saved { stats, conflicts })
+    Ok(Saved {
+        stats,
+        conflicts,
+        ref_error,
+    })
 }
 
 /// Whether writing `want` over the repository's `theirs` loses nothing: both are the

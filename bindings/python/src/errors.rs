@@ -79,6 +79,14 @@ pub(crate) fn to_py(e: Error) -> PyErr {
             Error::UnknownRef { name } => ("UnknownRef", vec![("name", obj(py, name))]),
             Error::RefExists { name } => ("RefExists", vec![("name", obj(py, name))]),
             Error::InvalidRefName { name } => ("InvalidRefName", vec![("name", obj(py, name))]),
+            Error::RefNameTooLong { name, bytes, max } => (
+                "InvalidRefName",
+                vec![
+                    ("name", obj(py, name)),
+                    ("bytes", obj(py, bytes)),
+                    ("max", obj(py, max)),
+                ],
+            ),
             Error::WrongRefKind { name, expected } => (
                 "WrongRefKind",
                 vec![

@@ -72,7 +72,9 @@ class RefExists(TensorHistoryError, ValueError):
 
 
 class InvalidRefName(TensorHistoryError, ValueError):
-    """A ref name that is empty, has white space or is ``HEAD`` (``name``)."""
+    """A ref name that is empty, has white space or is ``HEAD`` (``name``), or is too
+    long for a repository key (``name``, ``bytes``, ``max``: see ``MAX_REF_NAME_BYTES``
+    in the Rust crate)."""
 
 
 class WrongRefKind(TensorHistoryError, TypeError):
