@@ -599,3 +599,94 @@ fn a_save_writes_again_what_a_gc_deleted_between_its_writes_and_its_refs() {
     // `exp 1` written twice: before the run deleted it and after; and `exp 2`.
     assert_eq!(saved.versions_written, 3, "{saved:?}");
 }
+
+/// A repository whose `main` holds three versions, each with a tensor of its own (so
+/// that a pruned version's manifest is its alone); the middle one's id.
+fn three_on_main(dir: &tempfile::TempDir) -> tensor_history::VersionId {
+    let mut s = open(dir);
+    s.insert("m1", &ramp(&[4], 1.0)).unwrap();
+    let v1 = s.commit("second").unwrap();
+    s.remove("m1").unwrap();
+    s.insert("m2", &ramp(&[4], 2.0)).unwrap();
+    s.commit("third").unwrap();
+    s.save().unwrap();
+    v1
+}
+
+#[test]
+fn an_idle_store_saves_after_another_store_pruned_and_collected() {
+    let cases = [
+        (false, false, false),
+        (true, false, false),
+        (false, true, false),
+        (false, true, true),
+    ];
+    for (refresh_first, two_runs, save_between) in cases {
+        let dir = shared_repo();
+        let v1 = three_on_main(&dir);
+        // Store `a` opens the repository and stays idle.
+        let mut a = open(&dir);
+        let v1_hash = a.version_hash(v1).unwrap();
+        let head_hash = a.version_hash(a.head().unwrap()).unwrap();
+
+        // Another store prunes the middle version, saves and collects it.
+        let mut b = open(&dir);
+        b.prune(&Retention::keep_last(1)).unwrap();
+        assert!(b.message(v1).is_err());
+        b.save().unwrap();
+        if two_runs {
+            // Two runs a grace period apart: the first records, the second deletes.
+            let grace = std::time::Duration::from_millis(50);
+            let mut opts = GcOptions::default();
+            opts.grace = grace;
+            let first = b.gc_with(&opts).unwrap();
+            assert_eq!(first.objects_deleted, 0, "{first:?}");
+            if save_between {
+                // A save between the runs does not write the pruned version again: the
+                // second run still collects it.
+                let saved = a.save().unwrap();
+                assert_eq!(saved.versions_written, 0, "{saved:?}");
+            }
+            std::thread::sleep(grace * 2);
+            let second = b.gc_with(&opts).unwrap();
+            assert!(second.objects_deleted >= 2, "{second:?}");
+        } else {
+            let gc = b.gc_with(&GcOptions::immediate()).unwrap();
+            assert!(gc.objects_deleted >= 2, "{gc:?}");
+        }
+        drop(b);
+
+        if refresh_first {
+            a.refresh().unwrap();
+        }
+        // The idle store forgets the collected version, as the other store pruned it,
+        // and saves new work.
+        a.save().unwrap();
+        assert!(
+            matches!(a.message(v1), Err(Error::PrunedVersion { .. })),
+            "{:?}",
+            a.message(v1)
+        );
+        assert_eq!(a.version_hash(a.head().unwrap()).unwrap(), head_hash);
+        bump(&mut a, 4);
+        let v = a.commit("after the gc").unwrap();
+        a.save().unwrap();
+        a.verify().unwrap();
+
+        let r = open(&dir);
+        r.verify().unwrap();
+        assert_eq!(r.message(r.head().unwrap()).unwrap(), "after the gc");
+        assert_eq!(
+            r.version_hash(r.head().unwrap()).unwrap(),
+            a.version_hash(v).unwrap()
+        );
+        let messages: Vec<String> = r
+            .log(r.head().unwrap())
+            .unwrap()
+            .into_iter()
+            .map(|e| r.message(e).unwrap().to_string())
+            .collect();
+        assert_eq!(messages, ["after the gc", "third"]);
+        assert!(r.resolve(&v1_hash.to_string()).is_err());
+    }
+}

@@ -12,6 +12,7 @@
 use std::collections::HashSet;
 
 use super::backend::{is_not_found, Backend, PutOutcome};
+use super::format::version_key;
 use super::format::{
     generation_key, id_of_key, parse_gc, parse_generation_key, to_json, GcBody, GenerationJson,
     GC_PREFIX, GENERATIONS_PREFIX,
@@ -19,6 +20,7 @@ use super::format::{
 use super::Bound;
 use crate::error::{Error, Result};
 use crate::hash::ContentHash;
+use crate::history::{History, VersionId};
 
 /// Most entries a gc run tries to create when other runs take the next ones first.
 const MAX_GENERATION_TRIES: u64 = 64;
@@ -158,4 +160,34 @@ impl Bound {
     pub(crate) fn gc_moved(&self) -> Result<bool> {
         Ok(GcView::read(&*self.backend)?.moved_since(self))
     }
+}
+
+/// Forget the versions another process pruned and a gc collected: saved versions whose
+/// object is gone and that carry a prune marker in the repository leave `hist` as if
+/// this store had pruned them (their children take their parents; the children keep
+/// their content addresses, which name them through the marker). A version a ref or
+/// HEAD of this store names is kept: a save writes it again. Returns the versions
+/// forgotten.
+///
+/// O(saved versions).
+pub(crate) fn forget_collected(hist: &mut History, b: &mut Bound) -> Vec<VersionId> {
+    if b.gone.is_empty() {
+        return Vec::new();
+    }
+    let mut named: HashSet<VersionId> = hist.refs.values().map(|r| r.target()).collect();
+    named.extend(hist.head_id());
+    let mut collected: Vec<(VersionId, String)> = b
+        .saved
+        .iter()
+        .filter(|(id, h)| b.pruned.contains_key(*h) && !named.contains(*id))
+        .map(|(id, h)| (*id, version_key(h)))
+        .filter(|(id, key)| b.gone.contains(key) && hist.node(*id).is_ok())
+        .collect();
+    collected.sort_unstable();
+    for (id, key) in &collected {
+        hist.remove(*id);
+        hist.reflog.retain(|(_, v)| v != id);
+        b.gone.remove(key);
+    }
+    collected.into_iter().map(|(id, _)| id).collect()
 }

@@ -701,6 +701,7 @@ fn pick_head(hist: &History, b: &Bound) -> Head {
 
 fn refresh_into(store: &mut Store, b: &mut Bound) -> Result<RefreshStats> {
     b.catch_up()?;
+    super::generation::forget_collected(&mut store.hist, b);
     let refs = read_refs(&*b.backend)?;
     let changed: BTreeMap<String, (u64, RefEntry)> = refs
         .into_iter()

@@ -14,6 +14,7 @@ use super::format::{
     time_parts, to_json, version_key, EntryKind, HeadJson, IndexBody, IndexPack, Kind,
     ManifestBody, PackEntry, PrunedJson, RefEntry, VersionBody, HEAD_KEY, PACK_ALIGN,
 };
+use super::generation::forget_collected;
 use super::{open_path, Bound, Loc};
 use crate::chunk::{Chunk, Pool};
 use crate::error::{Error, Result};
@@ -80,14 +81,18 @@ fn hash_chunks(chunks: &[&Chunk]) {
 
 /// Versions reachable from the refs and HEAD that `known` lacks or whose object a gc
 /// record lists (`recorded`: they are written again, so that gc keeps them), oldest
-/// first.
+/// first. A recorded version with a prune marker in the repository (`pruned`) is not
+/// written again unless a ref or HEAD names it: readers pass through its marker, and
+/// the store forgets it once a gc collected it.
 fn unsaved_or_recorded(
     hist: &History,
     known: &HashMap<VersionId, ContentHash>,
     recorded: &HashSet<String>,
+    pruned: &HashMap<ContentHash, Vec<ContentHash>>,
 ) -> Result<Vec<VersionId>> {
     let mut stack: Vec<VersionId> = hist.refs.values().map(|r| r.target()).collect();
     stack.extend(hist.head_id());
+    let named: HashSet<VersionId> = stack.iter().copied().collect();
     let mut todo = BTreeSet::new();
     let mut seen = HashSet::new();
     while let Some(v) = stack.pop() {
@@ -97,6 +102,7 @@ fn unsaved_or_recorded(
         match known.get(&v) {
             Some(_) if recorded.is_empty() => continue,
             Some(h) if !recorded.contains(&version_key(h)) => {}
+            Some(h) if pruned.contains_key(h) && !named.contains(&v) => {}
             _ => {
                 todo.insert(v);
             }
@@ -301,7 +307,7 @@ impl Store {
         let mut bound = self.repo.take().ok_or_else(|| Error::InvalidArgument {
             reason: "this store has no repository: use save_as or open".into(),
         })?;
-        let result = save_into(&self.hist, &mut bound);
+        let result = save_into(&mut self.hist, &mut bound);
         if result.is_ok() {
             self.evict(&bound);
         }
@@ -455,7 +461,7 @@ impl Store {
 const MAX_SAVE_ROUNDS: usize = 4;
 
 /// The save protocol proper; `b` is updated with what became durable.
-fn save_into(hist: &History, b: &mut Bound) -> Result<Saved> {
+fn save_into(hist: &mut History, b: &mut Bound) -> Result<Saved> {
     let mut stats = SaveStats::default();
     let mut round = 0;
     loop {
@@ -465,6 +471,9 @@ fn save_into(hist: &History, b: &mut Bound) -> Result<Saved> {
         // record lists are written again rather than reused, so that a gc that recorded
         // them before this save started never deletes them under it.
         b.catch_up()?;
+        // Versions another process pruned and a gc collected are forgotten here too,
+        // not written again.
+        forget_collected(hist, b);
         let wrote = write_objects(hist, b, &mut stats)?;
         // A gc run that started deleting since the catch-up (a new generation), or that
         // finished a run started before it (a record gone), may have deleted objects
@@ -496,7 +505,7 @@ fn write_objects(hist: &History, b: &mut Bound, stats: &mut SaveStats) -> Result
     let written_before = stats.bytes_written;
     let mut redo = b.gc_keys.clone();
     redo.extend(b.gone.iter().cloned());
-    let todo = unsaved_or_recorded(hist, &b.saved, &redo)?;
+    let todo = unsaved_or_recorded(hist, &b.saved, &redo, &b.pruned)?;
 
     // Chunks of the new versions: hash (parallel), then keep those the repository lacks.
     let mut seen = HashSet::new();
