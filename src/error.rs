@@ -3,6 +3,7 @@
 use std::ops::Range;
 
 use crate::element::DType;
+use crate::hash::ContentHash;
 use crate::history::RefKind;
 use crate::text::escape;
 use crate::version::{ParseVersionIdError, VersionId};
@@ -236,15 +237,25 @@ pub enum Error {
         /// What was found (the format name and version).
         found: String,
     },
-    /// A save found that a branch moved in the repository since this store last saw it;
-    /// nothing was written for that branch. `refresh` (and a merge) first.
+    /// A save found that a branch (or tag) moved in the repository since this store last
+    /// saw it, and this store's version does not descend from the repository's: nothing
+    /// was written for that ref. Every other ref was saved, and HEAD unless it is attached
+    /// to that branch. The way out: [`refresh`](crate::Store::refresh) (which loads
+    /// `theirs`), merge it into this store's branch and save again; a ref the repository
+    /// deleted is written again by the save after a refresh.
     #[error(
-        "branch `{}` moved in the repository since it was last seen",
-        escape(.branch)
+        "branch `{}` moved in the repository since it was last seen ({}): refresh, merge it \
+         and save again",
+        escape(.branch),
+        match .theirs { Some(h) => format!("it is at version {h} there"), None => "it was deleted there".into() }
     )]
     Conflict {
         /// The branch.
         branch: String,
+        /// The content address of the repository's version of the branch (accepted by
+        /// [`resolve`](crate::Store::resolve) once a refresh loaded it); `None` if the
+        /// repository deleted the branch.
+        theirs: Option<ContentHash>,
     },
     /// A file given to `import_safetensors` is not a valid safetensors file (a header
     /// that is too small, too large, not JSON, or offsets that do not cover the data).

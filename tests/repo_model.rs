@@ -369,10 +369,32 @@ impl Side {
             }
         }
         // Prune markers for saved versions pruned since, once every ref is at its new
-        // state; after a conflict they wait for a later save.
-        if conflicts.is_empty() {
+        // state; after a conflict, those the repository's version of a conflicting ref
+        // reaches wait for a later save (all of them if that version is not known here).
+        let known: HashSet<ContentHash> = self.hashes.values().copied().collect();
+        let mut theirs_reach = Some(HashSet::new());
+        let mut stack: Vec<ContentHash> = conflicts
+            .iter()
+            .filter_map(|n| repo.refs.get(n).and_then(|(_, t)| t.and_then(|t| t.1)))
+            .collect();
+        while let (Some(h), Some(reach)) = (stack.pop(), theirs_reach.as_mut()) {
+            if !reach.insert(h) {
+                continue;
+            }
+            if let Some(v) = repo.versions.get(&h).filter(|_| known.contains(&h)) {
+                stack.extend(v.parents.iter().copied());
+            } else if let Some(p) = repo.pruned.get(&h).or(self.markers.get(&h)) {
+                stack.extend(p.iter().copied());
+            } else {
+                theirs_reach = None;
+            }
+        }
+        if let Some(theirs_reach) = theirs_reach {
             for (id, h) in &self.hashes {
-                if self.model.node(*id).is_err() && !self.markers.contains_key(h) {
+                if self.model.node(*id).is_err()
+                    && !self.markers.contains_key(h)
+                    && !theirs_reach.contains(h)
+                {
                     let parents = repo.versions[h].parents.clone();
                     repo.pruned.insert(*h, parents.clone());
                     self.markers.insert(*h, parents);
@@ -390,7 +412,7 @@ impl Side {
         }
         match (got, conflicts.first()) {
             (Ok(_), None) => {}
-            (Err(Error::Conflict { branch }), Some(want)) => {
+            (Err(Error::Conflict { branch, .. }), Some(want)) => {
                 prop_assert_eq!(&branch, want);
                 prop_assert_eq!(
                     &Fingerprint::of(&self.store).without_pool(),
@@ -454,7 +476,34 @@ impl Side {
             }
             let checked_out = self.model.head_branch() == Some(name.as_str());
             let not_branch = !theirs.is_some_and(|t| t.0);
-            if !unchanged_here || (checked_out && (self.model.dirty() || not_branch)) {
+            if !unchanged_here && theirs.is_none() {
+                // Deleted there, moved here: kept, and written again by the next save.
+                self.seen.insert(name.clone(), (seq, theirs));
+                diverged.push(name);
+                continue;
+            }
+            // Moved here too, but nothing is lost by following the repository: deleted
+            // here, or reachable from another ref or a detached HEAD.
+            let follows = unchanged_here
+                || match self.model.refs.get(&name) {
+                    None => true,
+                    Some(r) => {
+                        let mut roots: Vec<u64> = self
+                            .model
+                            .refs
+                            .iter()
+                            .filter(|(n, _)| **n != name)
+                            .map(|(_, r)| r.target().0)
+                            .collect();
+                        if let MHead::Detached(h) = self.model.head {
+                            roots.push(h);
+                        }
+                        roots
+                            .iter()
+                            .any(|x| self.model.ancestors(*x).contains(&r.target().0))
+                    }
+                };
+            if !follows || (checked_out && (self.model.dirty() || not_branch)) {
                 diverged.push(name);
                 continue;
             }

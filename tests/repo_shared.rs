@@ -92,7 +92,7 @@ fn a_save_of_a_branch_moved_by_another_store_is_a_conflict_that_loses_nothing() 
     let before = b.get::<f32>("w").unwrap();
     let e = b.save().unwrap_err();
     assert!(
-        matches!(&e, Error::Conflict { branch } if branch == "main"),
+        matches!(&e, Error::Conflict { branch, .. } if branch == "main"),
         "{e:?}"
     );
     // Nothing lost in memory, nothing written for main.
@@ -689,4 +689,130 @@ fn an_idle_store_saves_after_another_store_pruned_and_collected() {
         assert_eq!(messages, ["after the gc", "third"]);
         assert!(r.resolve(&v1_hash.to_string()).is_err());
     }
+}
+
+#[test]
+fn a_branch_another_store_deleted_while_moved_here_is_written_again_after_a_refresh() {
+    let dir = shared_repo();
+    let mut s = open(&dir);
+    s.branch("keep", s.head().unwrap()).unwrap();
+    s.save().unwrap();
+    let mut a = open(&dir);
+    let mut b = open(&dir);
+    a.checkout("keep").unwrap();
+    bump(&mut a, 1);
+    let va = a.commit("on keep").unwrap();
+    b.delete_branch("keep").unwrap();
+    b.save().unwrap();
+
+    let e = a.save().unwrap_err();
+    assert!(
+        matches!(&e, Error::Conflict { branch, theirs: None, .. } if branch == "keep"),
+        "{e:?}"
+    );
+    assert!(e.to_string().contains("deleted there"), "{e}");
+    let stats = a.refresh().unwrap();
+    assert_eq!(stats.diverged, ["keep"]);
+    assert_eq!(stats.theirs.get("keep"), Some(&None));
+    // The way out: this store's branch is written again, and HEAD with it.
+    a.save().unwrap();
+    assert_eq!(a.save().unwrap().refs_written, 0);
+    let r = open(&dir);
+    assert_eq!(r.resolve("keep").unwrap(), va);
+    assert_eq!(r.current_branch(), Some("keep"));
+    assert_eq!(r.message(r.head().unwrap()).unwrap(), "on keep");
+}
+
+#[test]
+fn a_diverged_branch_whose_work_another_branch_holds_follows_the_repository_after_a_refresh() {
+    let dir = shared_repo();
+    let mut a = open(&dir);
+    let mut b = open(&dir);
+    bump(&mut a, 1);
+    let va = a.commit("a's step").unwrap();
+    let va_hash = a.version_hash(va).unwrap();
+    a.save().unwrap();
+
+    bump(&mut b, 2);
+    let vb = b.commit("b's step").unwrap();
+    let e = b.save().unwrap_err();
+    assert!(
+        matches!(&e, Error::Conflict { branch, theirs: Some(h), .. } if branch == "main" && *h == va_hash),
+        "{e:?}"
+    );
+    // b keeps its work on a branch of its own; `main` may then take the repository's.
+    b.branch("b-side", vb).unwrap();
+    b.checkout("b-side").unwrap();
+    let stats = b.refresh().unwrap();
+    assert!(stats.diverged.is_empty(), "{stats:?}");
+    assert_eq!(stats.refs_updated, ["main"]);
+    assert_eq!(b.version_hash(b.resolve("main").unwrap()).unwrap(), va_hash);
+    b.save().unwrap();
+    let r = open(&dir);
+    assert_eq!(r.version_hash(r.resolve("main").unwrap()).unwrap(), va_hash);
+    assert_eq!(r.message(r.resolve("b-side").unwrap()).unwrap(), "b's step");
+    assert_eq!(r.current_branch(), Some("b-side"));
+}
+
+#[test]
+fn a_branch_deleted_here_and_moved_by_another_store_follows_the_repository_after_a_refresh() {
+    let dir = shared_repo();
+    let mut s = open(&dir);
+    s.branch("exp", s.head().unwrap()).unwrap();
+    s.save().unwrap();
+    let mut a = open(&dir);
+    let mut b = open(&dir);
+    b.checkout("exp").unwrap();
+    bump(&mut b, 1);
+    b.commit("on exp").unwrap();
+    b.save().unwrap();
+    a.delete_branch("exp").unwrap();
+    assert!(matches!(a.save(), Err(Error::Conflict { branch, .. }) if branch == "exp"));
+    let stats = a.refresh().unwrap();
+    assert_eq!(stats.refs_updated, ["exp"]);
+    assert_eq!(a.message(a.resolve("exp").unwrap()).unwrap(), "on exp");
+    a.save().unwrap();
+}
+
+#[test]
+fn a_diverged_branch_names_the_repositorys_version_and_leaves_the_other_refs_saved() {
+    let dir = shared_repo();
+    let mut a = open(&dir);
+    let mut b = open(&dir);
+    bump(&mut a, 1);
+    let va = a.commit("a's step").unwrap();
+    a.save().unwrap();
+    let va_hash = a.version_hash(va).unwrap();
+
+    let base = b.head().unwrap();
+    bump(&mut b, 2);
+    b.commit("b's step").unwrap();
+    b.tag("b-tag", base).unwrap();
+    b.branch("other", base).unwrap();
+    assert!(matches!(b.save(), Err(Error::Conflict { .. })));
+    let stats = b.refresh().unwrap();
+    assert_eq!(stats.diverged, ["main"]);
+    let theirs = stats.theirs["main"].unwrap();
+    assert_eq!(b.version_hash(theirs).unwrap(), va_hash);
+    assert_eq!(b.message(theirs).unwrap(), "a's step");
+    // Still diverged: each save writes what it can and names the branch it could not.
+    bump(&mut b, 3);
+    let later = b.commit("later").unwrap();
+    b.branch("later", later).unwrap();
+    let e = b.save().unwrap_err();
+    assert!(
+        matches!(&e, Error::Conflict { branch, theirs: Some(h), .. } if branch == "main" && *h == va_hash),
+        "{e:?}"
+    );
+    let r = open(&dir);
+    for name in ["b-tag", "other", "later"] {
+        assert!(r.resolve(name).is_ok(), "{name}");
+    }
+    assert_eq!(
+        r.resolve("main").unwrap(),
+        r.resolve(&va_hash.to_string()).unwrap()
+    );
+    // Merge theirs, save: a fast-forward over the repository's main.
+    b.merge(theirs, MergeStrategy::Ours).unwrap();
+    b.save().unwrap();
 }

@@ -20,7 +20,8 @@ use super::format::{
 use super::Bound;
 use crate::error::{Error, Result};
 use crate::hash::ContentHash;
-use crate::history::{History, VersionId};
+use crate::history::History;
+use crate::version::VersionId;
 
 /// Most entries a gc run tries to create when other runs take the next ones first.
 const MAX_GENERATION_TRIES: u64 = 64;

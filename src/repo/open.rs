@@ -40,8 +40,14 @@ pub struct RefreshStats {
     /// Refs moved, created or deleted to match the repository.
     pub refs_updated: Vec<String>,
     /// Branches that moved both here and in the repository: this store keeps its own;
-    /// merge the repository's (now loaded; see [`Store::tips`]) and save.
+    /// merge the repository's (now loaded: see `theirs`) and save. A branch the
+    /// repository deleted while this store moved it is listed too: the next save
+    /// writes it again at this store's version.
     pub diverged: Vec<String>,
+    /// For each branch in `diverged`, the repository's version of it, loaded into this
+    /// store (`None`: the repository deleted it). Its content address is
+    /// [`Store::version_hash`].
+    pub theirs: BTreeMap<String, Option<VersionId>>,
 }
 
 /// Read an object, turning "not found" into a corrupt-repository error naming it.
@@ -756,9 +762,27 @@ fn refresh_into(store: &mut Store, b: &mut Bound) -> Result<RefreshStats> {
             continue;
         }
         let checked_out = store.hist.head_branch() == Some(name.as_str());
-        if !unchanged_here
-            || (checked_out && (store.is_dirty() || theirs.kind != EntryKind::Branch))
-        {
+        if !unchanged_here && theirs.kind == EntryKind::Deleted {
+            // Deleted there, moved here: this store keeps its ref and takes the deletion
+            // as seen, so that the next save writes the ref again (a deletion names no
+            // version: nothing of the other side is lost).
+            b.refs_seen.insert(name.clone(), (seq, theirs));
+            stats.theirs.insert(name.clone(), None);
+            stats.diverged.push(name);
+            continue;
+        }
+        // A ref moved here loses nothing by following the repository's when this store
+        // deleted it, or when its version stays reachable from another ref or a
+        // detached HEAD.
+        let follows = unchanged_here
+            || match local {
+                None => true,
+                Some(r) => reachable_elsewhere(&store.hist, &name, r.target()),
+            };
+        if !follows || (checked_out && (store.is_dirty() || theirs.kind != EntryKind::Branch)) {
+            stats
+                .theirs
+                .insert(name.clone(), to_ref(b, &theirs).map(|r| r.target()));
             stats.diverged.push(name);
             continue;
         }
@@ -782,6 +806,23 @@ fn refresh_into(store: &mut Store, b: &mut Bound) -> Result<RefreshStats> {
         stats.refs_updated.push(name);
     }
     Ok(stats)
+}
+
+/// Whether version `v` is reachable from a ref other than `name`, or from a detached
+/// HEAD.
+fn reachable_elsewhere(hist: &History, name: &str, v: VersionId) -> bool {
+    let mut roots: Vec<VersionId> = hist
+        .refs
+        .iter()
+        .filter(|(n, _)| n.as_str() != name)
+        .map(|(_, r)| r.target())
+        .collect();
+    if let Head::Detached(h) = hist.head {
+        roots.push(h);
+    }
+    roots
+        .into_iter()
+        .any(|r| hist.ancestors(r).is_ok_and(|a| a.contains(&v)))
 }
 
 /// Read the variables of the version the checked-out branch may move to, so that a

@@ -264,7 +264,8 @@ pub(crate) fn ref_entry_pub(
 /// What one save did, for the store to apply after.
 pub(crate) struct Saved {
     pub(crate) stats: SaveStats,
-    pub(crate) conflicts: Vec<String>,
+    /// Refs not written: name, and the repository's version (`None`: deleted there).
+    pub(crate) conflicts: Vec<(String, Option<ContentHash>)>,
     /// The first error of a ref that could not be written (every other ref was).
     pub(crate) ref_error: Option<Error>,
 }
@@ -298,11 +299,16 @@ impl Store {
     /// [`Error::InvalidArgument`] if the store has no repository (see
     /// [`save_as`](Store::save_as)); [`Error::Io`] from the backend (nothing in memory is
     /// lost; the next save writes what is missing); [`Error::Conflict`] if a branch moved
-    /// in the repository since this store last saw it (nothing is written for it; every
-    /// other ref is saved; [`refresh`](Store::refresh) and merge first);
-    /// [`Error::RefNameTooLong`] for a ref held from another repository whose name does
-    /// not fit this one's keys (every other ref, HEAD and prune markers are saved). A ref
-    /// that fails to write never keeps the others from being written.
+    /// in the repository since this store last saw it and this store's version does not
+    /// descend from the repository's. Nothing is written for that branch; every other
+    /// ref is saved, and HEAD unless it is attached to that branch; prune markers are
+    /// written except for versions the repository's version of that branch may still
+    /// reach. The error names the first such branch and the repository's version of it;
+    /// [`refresh`](Store::refresh) loads it (and lists every diverged branch), then
+    /// merge it and save. [`Error::RefNameTooLong`] for a ref held from another
+    /// repository whose name does not fit this one's keys (every other ref, HEAD and
+    /// prune markers are saved). A ref that fails to write never keeps the others from
+    /// being written.
     pub fn save(&mut self) -> Result<SaveStats> {
         let mut bound = self.repo.take().ok_or_else(|| Error::InvalidArgument {
             reason: "this store has no repository: use save_as or open".into(),
@@ -314,7 +320,7 @@ impl Store {
         self.repo = Some(bound);
         let saved = result?;
         match (saved.conflicts.into_iter().next(), saved.ref_error) {
-            (Some(branch), _) => Err(Error::Conflict { branch }),
+            (Some((branch, theirs)), _) => Err(Error::Conflict { branch, theirs }),
             (None, Some(e)) => Err(e),
             (None, None) => Ok(saved.stats),
         }
@@ -696,7 +702,7 @@ fn write_refs(hist: &History, b: &mut Bound, mut stats: SaveStats) -> Result<Sav
                 }
                 latest => {
                     let Some((lseq, lentry)) = latest else {
-                        conflicts.push(name.clone());
+                        conflicts.push((name.clone(), None));
                         break;
                     };
                     if lentry == want {
@@ -707,7 +713,8 @@ fn write_refs(hist: &History, b: &mut Bound, mut stats: SaveStats) -> Result<Sav
                         seq = lseq + 1;
                         continue;
                     }
-                    conflicts.push(name.clone());
+                    let theirs = lentry.version.filter(|_| lentry.kind != EntryKind::Deleted);
+                    conflicts.push((name.clone(), theirs));
                     break;
                 }
             }
@@ -717,11 +724,17 @@ fn write_refs(hist: &History, b: &mut Bound, mut stats: SaveStats) -> Result<Sav
     // Prune markers, only once every ref is at its new state: a marker makes readers and
     // gc pass through a version, so it must not exist while a ref still reaches that
     // version through its children (the previous save's refs). After a conflict the
-    // other process's refs may still reach it: the markers wait for a later save.
+    // other process's version of that ref may still reach it: such markers wait for a
+    // later save (all of them when that version's ancestry is not known here).
     let mut markers = Vec::new();
-    if conflicts.is_empty() && failed.is_empty() {
+    let theirs_reach = if failed.is_empty() {
+        reached_by(b, conflicts.iter().filter_map(|(_, h)| *h))
+    } else {
+        None
+    };
+    if let Some(theirs_reach) = theirs_reach {
         for (id, h) in &b.saved {
-            if hist.node(*id).is_err() && !b.pruned.contains_key(h) {
+            if hist.node(*id).is_err() && !b.pruned.contains_key(h) && !theirs_reach.contains(h) {
                 let parents = b.parents_of.get(h).cloned().unwrap_or_default();
                 let bytes = to_json(&PrunedJson {
                     parents: parents.clone(),
@@ -739,7 +752,7 @@ fn write_refs(hist: &History, b: &mut Bound, mut stats: SaveStats) -> Result<Sav
         Head::Detached(v) => hash_of(*v).map(HeadJson::Detached),
     };
     let head_conflicts = matches!(&head, Some(HeadJson::Branch(n))
-        if conflicts.contains(n) || failed.contains(n)
+        if conflicts.iter().any(|(c, _)| c == n) || failed.contains(n)
             || (check_ref_name_len(n).is_err() && !b.refs_seen.contains_key(n)));
     let head = head.filter(|h| b.head_seen.as_ref() != Some(h) && !head_conflicts);
     if let Some(head) = &head {
@@ -761,6 +774,21 @@ fn write_refs(hist: &History, b: &mut Bound, mut stats: SaveStats) -> Result<Sav
         conflicts,
         ref_error,
     })
+}
+
+/// The versions (content addresses) that `roots` reach through their saved parents and
+/// prune markers, or `None` if one of them is not known to this store (not loaded yet).
+fn reached_by(b: &Bound, roots: impl Iterator<Item = ContentHash>) -> Option<HashSet<ContentHash>> {
+    let mut seen = HashSet::new();
+    let mut stack: Vec<ContentHash> = roots.collect();
+    while let Some(h) = stack.pop() {
+        if !seen.insert(h) {
+            continue;
+        }
+        let parents = b.parents_of.get(&h).or_else(|| b.pruned.get(&h))?;
+        stack.extend(parents.iter().copied());
+    }
+    Some(seen)
 }
 
 /// Whether writing `want` over the repository's `theirs` loses nothing: both are the

@@ -137,7 +137,13 @@ pub(crate) fn to_py(e: Error) -> PyErr {
                 "UnsupportedFormat",
                 vec![("path", obj(py, path)), ("found", obj(py, found))],
             ),
-            Error::Conflict { branch } => ("Conflict", vec![("branch", obj(py, branch))]),
+            Error::Conflict { branch, theirs } => (
+                "Conflict",
+                vec![
+                    ("branch", obj(py, branch)),
+                    ("theirs", obj(py, theirs.map(|h| h.to_string()))),
+                ],
+            ),
             Error::InvalidSafeTensors { path, reason } => (
                 "InvalidSafeTensors",
                 vec![("path", obj(py, path)), ("reason", obj(py, reason))],

@@ -8,6 +8,8 @@ use std::time::Duration;
 use pyo3::prelude::*;
 use tensor_history::{Config, Error, GcOptions, GcStats, RefreshStats, SaveStats, Store};
 
+use crate::types::PyVersion;
+
 /// What a `save` (or `save_as`) wrote.
 #[pyclass(frozen, get_all, module = "tensor_history", name = "SaveStats")]
 #[derive(Clone, Debug)]
@@ -69,6 +71,9 @@ pub(crate) struct PyRefreshStats {
     refs_updated: Vec<String>,
     /// Branches moved both here and in the repository (this store keeps its own).
     diverged: Vec<String>,
+    /// For each diverged branch, the repository's version (loaded here), or `None` if
+    /// the repository deleted it.
+    theirs: std::collections::BTreeMap<String, Option<PyVersion>>,
 }
 
 impl From<RefreshStats> for PyRefreshStats {
@@ -77,6 +82,11 @@ impl From<RefreshStats> for PyRefreshStats {
             versions_loaded: s.versions_loaded,
             refs_updated: s.refs_updated,
             diverged: s.diverged,
+            theirs: s
+                .theirs
+                .into_iter()
+                .map(|(name, v)| (name, v.map(PyVersion::from)))
+                .collect(),
         }
     }
 }
@@ -85,8 +95,18 @@ impl From<RefreshStats> for PyRefreshStats {
 impl PyRefreshStats {
     fn __repr__(&self) -> String {
         format!(
-            "RefreshStats(versions_loaded={}, refs_updated={:?}, diverged={:?})",
-            self.versions_loaded, self.refs_updated, self.diverged
+            "RefreshStats(versions_loaded={}, refs_updated={:?}, diverged={:?}, theirs={{{}}})",
+            self.versions_loaded,
+            self.refs_updated,
+            self.diverged,
+            self.theirs
+                .iter()
+                .map(|(name, v)| match v {
+                    Some(v) => format!("{name:?}: Version({})", v.id),
+                    None => format!("{name:?}: None"),
+                })
+                .collect::<Vec<_>>()
+                .join(", ")
         )
     }
 }

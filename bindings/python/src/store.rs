@@ -128,7 +128,8 @@ impl PyStore {
     ///
     /// Raises `InvalidArgument` without a repository (use `save_as`), `StorageError`
     /// (nothing in memory is lost), `Conflict` if a branch moved in the repository since
-    /// this store saw it (every other ref is saved; `refresh`, merge, save again).
+    /// this store saw it (every other ref is saved; `Conflict.theirs` names the
+    /// repository's version; `refresh`, merge, save again).
     fn save(&self, py: Python<'_>) -> PyResult<PySaveStats> {
         self.run(py, |i| i.store.save()).or_py().map(Into::into)
     }
@@ -142,8 +143,11 @@ impl PyStore {
     }
 
     /// Take in the refs and versions other processes saved since this store opened or
-    /// last refreshed. A ref this store did not move follows the repository; a branch
-    /// moved on both sides keeps this store's target (reported in `diverged`).
+    /// last refreshed. A ref this store did not move follows the repository, and so does
+    /// one it moved when nothing is lost (it deleted it, or another ref reaches its
+    /// version); a branch moved on both sides keeps this store's target (reported in
+    /// `diverged`, the repository's version in `theirs`); a branch the repository
+    /// deleted while this store moved it is kept and written again by the next save.
     /// Uncommitted changes are kept. Raises `InvalidArgument` without a repository.
     fn refresh(&self, py: Python<'_>) -> PyResult<PyRefreshStats> {
         self.run(py, |i| i.store.refresh()).or_py().map(Into::into)

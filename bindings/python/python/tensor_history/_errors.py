@@ -127,8 +127,11 @@ class InvalidSafeTensors(TensorHistoryError, ValueError):
 
 class Conflict(TensorHistoryError):
     """A save found that a branch moved in the repository since this store last saw it
-    (``branch``); nothing was written for that branch, every other ref was saved.
-    ``refresh()``, merge, and save again."""
+    (``branch``); nothing was written for that branch, every other ref was saved (and
+    HEAD, unless attached to that branch). ``theirs`` is the content address (hex) of the
+    repository's version of the branch, or ``None`` if the repository deleted it.
+    ``refresh()`` (which loads it: ``RefreshStats.theirs``), merge, and save again; a
+    branch the repository deleted is written again by the save after a refresh."""
 
 
 class Corrupt(TensorHistoryError):
