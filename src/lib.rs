@@ -94,7 +94,8 @@
 //! Every fallible call returns [`Error`]; a call that fails changes nothing.
 
 // `unsafe` lives in `kernels::stream` (streaming stores for fused updates, a measured
-// win), in two blocks of `tensor.rs` that materialize a tensor into an uninitialized
+// win), in `parallel::pool` (the fork-aware pool, published once and never freed), in
+// two blocks of `tensor.rs` that materialize a tensor into an uninitialized
 // buffer without zeroing it first (`copy_init`, one `memcpy` per chunk, and the
 // `set_len` after every chunk was copied, in `Tensor::to_array`), and in the two
 // functions that map files (`repo::backend::local::map_file` for repository packs,
@@ -121,6 +122,7 @@ mod history;
 mod kernels;
 mod merge;
 mod meta;
+pub mod parallel;
 mod render;
 mod repo;
 mod retention;

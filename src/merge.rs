@@ -112,15 +112,16 @@ fn mean_tensor(parts: &[&Tensor], weights: &[(usize, f64)], alloc: &Alloc) -> Te
     let cols: Vec<Vec<&Chunk>> = (0..first.num_chunks())
         .map(|i| parts.iter().filter_map(|t| t.chunk(i)).collect())
         .collect();
-    let chunks: Vec<Chunk> = cols
-        .par_iter()
-        .map(|col| {
-            if col.iter().all(|c| c.same_content(col[0])) {
-                return col[0].clone();
-            }
-            with_float!(dtype, F => mean_chunk::<F>(col, weights, alloc), else col[0].clone())
-        })
-        .collect();
+    let chunks: Vec<Chunk> = crate::parallel::install(|| {
+        cols.par_iter()
+            .map(|col| {
+                if col.iter().all(|c| c.same_content(col[0])) {
+                    return col[0].clone();
+                }
+                with_float!(dtype, F => mean_chunk::<F>(col, weights, alloc), else col[0].clone())
+            })
+            .collect()
+    });
     first.with_chunks(chunks.into_iter().collect())
 }
 

@@ -192,6 +192,21 @@ impl Meta {
             .filter(|x| !x.is_nan())
     }
 
+    /// The values a person reads in [`Store::log_graph`](crate::Store::log_graph) and
+    /// [`Store::to_dot`](crate::Store::to_dot): every key but those that begin with `_`,
+    /// which mark a library's own records (the PyTorch tracker's optimizer state, for
+    /// one). Such keys are kept, saved and returned like any other. O(keys).
+    #[must_use]
+    pub fn shown(&self) -> Meta {
+        Meta(
+            self.0
+                .iter()
+                .filter(|(k, _)| !k.starts_with('_'))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+        )
+    }
+
     /// The keys and values, sorted by key. O(1) to start.
     pub fn iter(&self) -> impl Iterator<Item = (&str, &Value)> + '_ {
         self.0.iter().map(|(k, v)| (k.as_str(), v))

@@ -36,7 +36,8 @@ impl Store {
 
     /// The history tree as text, newest first, like `git log --graph --oneline`: one line
     /// per live version with its id, refs, message and metadata (`[loss=0.12 step=3]`, see
-    /// [`Meta`](crate::Meta)'s `Display`), and lanes that show where branches fork and
+    /// [`Meta`](crate::Meta)'s `Display`; keys that begin with `_` are not shown, see
+    /// [`Meta::shown`](crate::Meta::shown)), and lanes that show where branches fork and
     /// merges join. A message (and metadata) is shown on its one line with control
     /// characters, line separators and invisible reordering characters escaped (`\n`,
     /// `\t`, `\u{1b}`), so no message can draw a line of its own. O(versions · lanes).
@@ -99,10 +100,11 @@ impl Store {
                 .get(&id)
                 .map(|l| format!("({}) ", l.join(", ")))
                 .unwrap_or_default();
-            let meta = if node.meta.is_empty() {
+            let shown = node.meta.shown();
+            let meta = if shown.is_empty() {
                 String::new()
             } else {
-                format!(" [{}]", text::escape(&node.meta.to_string()))
+                format!(" [{}]", text::escape(&shown.to_string()))
             };
             let message = text::escape(&node.message);
             let _ = writeln!(out, "{line}{id} {refs}{message}{meta}");
@@ -159,10 +161,11 @@ impl Store {
         let shown = |id: &VersionId| only.is_none_or(|s| s.contains(id));
         let mut out = String::from("digraph history {\n  rankdir=BT;\n  node [shape=ellipse];\n");
         for (id, node) in self.hist.live().filter(|(id, _)| shown(id)) {
-            let meta = if node.meta.is_empty() {
+            let shown = node.meta.shown();
+            let meta = if shown.is_empty() {
                 String::new()
             } else {
-                format!("\\n{}", escape(&node.meta.to_string()))
+                format!("\\n{}", escape(&shown.to_string()))
             };
             let _ = writeln!(
                 out,

@@ -27,8 +27,10 @@ pub struct Stats {
     /// even when its chunk is shorter (the last chunk of a tensor, or chunks of whole rows
     /// that fill a chunk only in part).
     pub held_bytes: usize,
-    /// What one deep copy of the working state and of every live version would hold
-    /// (saturating at `usize::MAX`).
+    /// What one deep copy of every live version would hold, plus one of the working state
+    /// when it has uncommitted changes (saturating at `usize::MAX`). A working state equal
+    /// to HEAD is HEAD's copy, not a second one: right after the first commit the ratio is
+    /// 1.0.
     pub logical_bytes: usize,
     /// `logical_bytes / unique_bytes` (1.0 when nothing is held).
     pub sharing_ratio: f64,
@@ -79,8 +81,10 @@ impl Store {
         let unique_bytes: usize = unique.iter().map(|c| c.len_bytes()).sum();
         let held_bytes: usize = unique.iter().map(|c| c.held_bytes()).sum();
         // Deep copies of many versions can count more bytes than a `usize` holds.
-        let logical_bytes = self
-            .all_vars()
+        let working = self.is_dirty().then_some(&self.working);
+        let logical_bytes = working
+            .into_iter()
+            .chain(self.hist.live().filter_map(|(_, n)| n.vars.get().ok()))
             .flat_map(|v| v.values())
             .fold(0usize, |a, t| a.saturating_add(t.nbytes()));
         Stats {
@@ -172,10 +176,12 @@ impl Store {
         let chunks = self.unique_chunks();
         // Stored chunks are read (and checked against their hash) here, so that a missing
         // or damaged repository file is an error rather than a panic.
-        chunks
-            .par_iter()
-            .filter(|c| c.is_unloaded())
-            .try_for_each(|c| c.load())?;
+        crate::parallel::install(|| {
+            chunks
+                .par_iter()
+                .filter(|c| c.is_unloaded())
+                .try_for_each(|c| c.load())
+        })?;
         if let Some(i) = verify_hashes(&chunks) {
             return bad(format!(
                 "a chunk of {} bytes has a cached hash that does not match its bytes (#{i})",

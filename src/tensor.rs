@@ -65,7 +65,7 @@ fn map_par_from<I: Send, R: Send>(
     f: impl Fn(I) -> R + Sync + Send,
 ) -> Vec<R> {
     if bytes >= min_bytes && items.len() > 1 {
-        items.into_par_iter().with_min_len(1).map(f).collect()
+        crate::parallel::install(|| items.into_par_iter().with_min_len(1).map(f).collect())
     } else {
         items.into_iter().map(f).collect()
     }
@@ -929,11 +929,13 @@ impl Tensor {
 /// Hash every chunk (in parallel), check each against its cached hash and cache the ones
 /// not yet known. Returns the index of the first chunk whose cached hash is wrong.
 pub(crate) fn verify_hashes(chunks: &[&Chunk]) -> Option<usize> {
-    chunks
-        .par_iter()
-        .enumerate()
-        .find_any(|(_, c)| !c.verify_and_cache_hash())
-        .map(|(i, _)| i)
+    crate::parallel::install(|| {
+        chunks
+            .par_iter()
+            .enumerate()
+            .find_any(|(_, c)| !c.verify_and_cache_hash())
+            .map(|(i, _)| i)
+    })
 }
 
 impl fmt::Debug for Tensor {

@@ -596,8 +596,9 @@ fn stats_count_shared_chunks_once() {
             s.unique_bytes,
             s.logical_bytes
         ),
-        (1, 1, 3, 160, 320)
+        (1, 1, 3, 160, 160)
     );
+    assert_eq!(s.sharing_ratio, 1.0, "the working state is HEAD's copy");
     set(&mut store, "w", 0, 9.0);
     store.commit("one chunk changed").unwrap();
     let s: Stats = store.stats();
@@ -605,8 +606,14 @@ fn stats_count_shared_chunks_once() {
     assert_eq!(s.variables, 1);
     assert_eq!(s.unique_chunks, 4);
     assert_eq!(s.unique_bytes, 160 + 64);
-    assert_eq!(s.logical_bytes, 3 * 160, "working state + two versions");
-    assert!((s.sharing_ratio - 480.0 / 224.0).abs() < 1e-12);
+    assert_eq!(s.logical_bytes, 2 * 160, "two versions");
+    assert!((s.sharing_ratio - 320.0 / 224.0).abs() < 1e-12);
+    set(&mut store, "w", 20, 7.0);
+    assert_eq!(
+        store.stats().logical_bytes,
+        3 * 160,
+        "two versions + uncommitted changes"
+    );
 }
 
 #[test]

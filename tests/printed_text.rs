@@ -100,3 +100,27 @@ fn resolve_gives_version_errors_for_ids_that_are_not_live() {
     ));
     assert!(matches!(s.resolve("nope"), Err(Error::UnknownRef { .. })));
 }
+
+#[test]
+fn log_graph_and_dot_hide_metadata_keys_that_begin_with_an_underscore() {
+    let mut s = Store::new();
+    s.insert("w", &array![1.0f32]).unwrap();
+    let meta = tensor_history::Meta::new()
+        .with("loss", 0.5)
+        .with("_tracker.state", "{\"groups\": [1, 2, 3]}");
+    let v = s.commit_with("step", meta).unwrap();
+    assert_eq!(s.log_graph(), "* v0 (HEAD -> main) step [loss=0.5]\n");
+    assert!(s.to_dot().contains("loss=0.5") && !s.to_dot().contains("_tracker"));
+    // Kept and returned as any other key.
+    let m = s.metadata(v).unwrap();
+    assert_eq!(
+        m.get("_tracker.state").and_then(|x| x.as_str()),
+        Some("{\"groups\": [1, 2, 3]}")
+    );
+    // Only underscore keys: no empty brackets.
+    s.commit_with("internal only", tensor_history::Meta::new().with("_x", 1))
+        .unwrap();
+    assert!(s
+        .log_graph()
+        .starts_with("* v1 (HEAD -> main) internal only\n"));
+}

@@ -360,17 +360,18 @@ impl VarsSource for ManifestVars {
     /// Read and check every manifest (in parallel: they are many small objects), and
     /// check that every chunk is indexed. Reads no chunk data.
     fn load(&self) -> Result<Vars> {
-        let tensors: Vec<Tensor> = self
-            .vars
-            .par_iter()
-            .with_min_len(8)
-            .map(|(_, m)| {
-                let key = manifest_key(m);
-                let bytes = must_get(&*self.chunks.backend, &key)?;
-                let manifest = parse_manifest(&key, &bytes, Some(m))?;
-                tensor_of(&self.chunks, &key, &manifest)
-            })
-            .collect::<Result<_>>()?;
+        let tensors: Vec<Tensor> = crate::parallel::install(|| {
+            self.vars
+                .par_iter()
+                .with_min_len(8)
+                .map(|(_, m)| {
+                    let key = manifest_key(m);
+                    let bytes = must_get(&*self.chunks.backend, &key)?;
+                    let manifest = parse_manifest(&key, &bytes, Some(m))?;
+                    tensor_of(&self.chunks, &key, &manifest)
+                })
+                .collect::<Result<_>>()
+        })?;
         Ok(self
             .vars
             .iter()

@@ -69,8 +69,10 @@ fn hash_chunks(chunks: &[&Chunk]) {
         .collect();
     let bytes: usize = todo.iter().map(|c| c.len_bytes()).sum();
     if bytes >= 1 << 20 && todo.len() > 1 {
-        todo.par_iter().with_min_len(1).for_each(|c| {
-            let _ = c.hash();
+        crate::parallel::install(|| {
+            todo.par_iter().with_min_len(1).for_each(|c| {
+                let _ = c.hash();
+            })
         });
     } else {
         todo.iter().for_each(|c| {
