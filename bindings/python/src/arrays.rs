@@ -214,6 +214,7 @@ fn apply_tag<'py>(arr: Bound<'py, PyAny>, tag: Option<&str>) -> PyResult<Bound<'
 /// native byte order (other arrays are converted, which copies once).
 pub(crate) fn input<'py>(
     obj: &Bound<'py, PyAny>,
+    name: &str,
     tag: Option<&str>,
 ) -> PyResult<(Bound<'py, PyUntypedArray>, DType)> {
     let py = obj.py();
@@ -237,7 +238,10 @@ pub(crate) fn input<'py>(
     }
     match dtype_of(&u)? {
         Some(dt) => Ok((u, dt)),
-        None => Err(errors::unsupported_dtype("", &u.dtype().str()?.to_string())),
+        None => Err(errors::unsupported_dtype(
+            name,
+            &u.dtype().str()?.to_string(),
+        )),
     }
 }
 
@@ -402,10 +406,12 @@ fn compare_copy<T: Element>(
             }
         };
         let changed: Vec<usize> = if t.nbytes() >= PAR_MIN_BYTES {
-            flat.par_chunks_mut(ce)
-                .zip(chunks.par_iter())
-                .map(job)
-                .collect()
+            tensor_history::parallel::install(|| {
+                flat.par_chunks_mut(ce)
+                    .zip(chunks.par_iter())
+                    .map(job)
+                    .collect()
+            })
         } else {
             flat.chunks_mut(ce).zip(chunks.iter()).map(job).collect()
         };

@@ -201,7 +201,15 @@ pub(crate) fn invalid_argument(reason: &str) -> PyErr {
 pub(crate) fn unsupported_dtype(name: &str, dtype: &str) -> PyErr {
     make(
         "UnsupportedDType",
-        format!("NumPy dtype {dtype} is not supported (variable `{name}`); use float16/32/64, bfloat16, int8-64 or uint8-64"),
+        format!(
+            "NumPy dtype {dtype} is not supported (variable `{name}`); use float16/32/64, \
+             bfloat16, int8-64 or uint8-64{}",
+            if dtype == "|b1" {
+                " (store a bool array as uint8: `a.view(np.uint8)`)"
+            } else {
+                ""
+            }
+        ),
         Python::attach(|py| {
             vec![
                 ("name", obj(py, name)),
@@ -209,6 +217,15 @@ pub(crate) fn unsupported_dtype(name: &str, dtype: &str) -> PyErr {
                 ("operation", obj(py, "store")),
             ]
         }),
+    )
+}
+
+/// `StoreClosed`: a call on a store after its `close()`.
+pub(crate) fn store_closed() -> PyErr {
+    make(
+        "StoreClosed",
+        "the store is closed (close() or the end of its with block); open it again".to_owned(),
+        Vec::new(),
     )
 }
 
@@ -220,5 +237,12 @@ pub(crate) trait OrPy<T> {
 impl<T> OrPy<T> for Result<T, Error> {
     fn or_py(self) -> PyResult<T> {
         self.map_err(to_py)
+    }
+}
+
+/// A core result from a store call that may also have found the store closed.
+impl<T> OrPy<T> for PyResult<Result<T, Error>> {
+    fn or_py(self) -> PyResult<T> {
+        self?.map_err(to_py)
     }
 }

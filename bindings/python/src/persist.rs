@@ -1,6 +1,8 @@
-//! Persistence: the statistics of `save`, `refresh` and `gc`, and the calls behind
-//! `Store.open`, `save`, `save_as`, `refresh`, `gc` and `version_hash`. Every call runs on
-//! the locked store with the GIL released (see `PyStore::run`).
+//! Persistence helpers: the result classes of `save`, `refresh` and `gc` (`SaveStats`,
+//! `RefreshStats`, `GcStats`), the store `Config` built from the keyword arguments of
+//! `Store()` and `Store.open`, the opening of a repository, and `gc`'s options. The
+//! `Store` methods themselves (`open`, `save`, `save_as`, `refresh`, `gc`,
+//! `version_hash`) are in `store.rs`.
 
 use std::path::Path;
 use std::time::Duration;

@@ -22,6 +22,17 @@ use crate::writeback::{check_targets, read_mapping, sync, write_mapping, write_t
 /// The state behind the lock.
 pub(crate) struct Inner {
     pub(crate) store: Store,
+    /// Set by `close()`: every later call raises `StoreClosed`.
+    closed: bool,
+}
+
+impl Inner {
+    fn new(store: Store) -> Inner {
+        Inner {
+            store,
+            closed: false,
+        }
+    }
 }
 
 /// Named arrays with their full version history, in memory.
@@ -65,11 +76,20 @@ pub(crate) fn known_snapshot(s: &Store, known: &Option<RefArg>) -> Result<Option
 impl PyStore {
     /// Run `f` on the locked state with the GIL released: heavy work never blocks other
     /// Python threads, and waiting for the lock cannot deadlock against the GIL.
-    pub(crate) fn run<R: Send>(&self, py: Python<'_>, f: impl FnOnce(&mut Inner) -> R + Send) -> R {
+    /// Raises `StoreClosed` after `close()`.
+    pub(crate) fn run<R: Send>(
+        &self,
+        py: Python<'_>,
+        f: impl FnOnce(&mut Inner) -> R + Send,
+    ) -> PyResult<R> {
         py.detach(|| {
             let mut g = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
-            f(&mut g)
+            if g.closed {
+                return None;
+            }
+            Some(f(&mut g))
         })
+        .ok_or_else(errors::store_closed)
     }
 }
 
@@ -88,7 +108,7 @@ impl PyStore {
         let c = persist::config(chunk_bytes, max_versions, recycle_bytes);
         let store = Store::with_config(c).or_py()?;
         Ok(PyStore {
-            inner: Mutex::new(Inner { store }),
+            inner: Mutex::new(Inner::new(store)),
         })
     }
 
@@ -111,13 +131,13 @@ impl PyStore {
         let c = persist::config(chunk_bytes, max_versions, recycle_bytes);
         let store = py.detach(|| persist::open(&path, c)).or_py()?;
         Ok(PyStore {
-            inner: Mutex::new(Inner { store }),
+            inner: Mutex::new(Inner::new(store)),
         })
     }
 
     /// Where this store saves (`None` before `open` or `save_as`).
     #[getter]
-    fn location(&self, py: Python<'_>) -> Option<String> {
+    fn location(&self, py: Python<'_>) -> PyResult<Option<String>> {
         self.run(py, |i| i.store.location().map(str::to_owned))
     }
 
@@ -185,22 +205,52 @@ impl PyStore {
 
     /// Largest chunk in bytes.
     #[getter]
-    fn chunk_bytes(&self, py: Python<'_>) -> usize {
+    fn chunk_bytes(&self, py: Python<'_>) -> PyResult<usize> {
         self.run(py, |i| i.store.config().chunk_bytes)
     }
 
     /// Auto-retention limit (`None`: keep every version).
     #[getter]
-    fn max_versions(&self, py: Python<'_>) -> Option<usize> {
+    fn max_versions(&self, py: Python<'_>) -> PyResult<Option<usize>> {
         self.run(py, |i| i.store.config().max_versions)
+    }
+
+    /// Release the store: its versions and chunks leave memory, the repository files it
+    /// mapped are unmapped, and every later call raises `StoreClosed`. Nothing is saved:
+    /// call `save()` first to keep new versions. Closing twice is allowed. A store used
+    /// as a context manager (`with Store.open(path) as s:`) is closed when the block
+    /// ends, also on an exception.
+    fn close(&self, py: Python<'_>) {
+        let old = py.detach(|| {
+            let mut g = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+            g.closed = true;
+            // Dropped outside the lock (unmapping can take a while), with the GIL released.
+            Store::with_config(persist::config(None, None, None))
+                .ok()
+                .map(|empty| std::mem::replace(&mut g.store, empty))
+        });
+        py.detach(move || drop(old));
+    }
+
+    /// Whether `close()` was called.
+    #[getter]
+    fn closed(&self, py: Python<'_>) -> bool {
+        py.detach(|| {
+            self.inner
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .closed
+        })
     }
 
     fn __enter__(slf: Py<Self>) -> Py<Self> {
         slf
     }
 
+    /// Closes the store (see `close`); exceptions propagate.
     #[pyo3(signature = (*_args))]
-    fn __exit__(&self, _args: &Bound<'_, pyo3::types::PyTuple>) -> bool {
+    fn __exit__(&self, py: Python<'_>, _args: &Bound<'_, pyo3::types::PyTuple>) -> bool {
+        self.close(py);
         false
     }
 
@@ -216,7 +266,7 @@ impl PyStore {
         chunk_bytes: Option<usize>,
         dtype: Option<&str>,
     ) -> PyResult<()> {
-        let (arr, dt) = arrays::input(array, dtype)?;
+        let (arr, dt) = arrays::input(array, name, dtype)?;
         let g = arrays::read(&arr, dt)?;
         let v = g.view();
         self.run(py, |i| {
@@ -238,7 +288,7 @@ impl PyStore {
         array: &Bound<'_, PyAny>,
         dtype: Option<&str>,
     ) -> PyResult<PyWriteStats> {
-        let (arr, dt) = arrays::input(array, dtype)?;
+        let (arr, dt) = arrays::input(array, name, dtype)?;
         let g = arrays::read(&arr, dt)?;
         let v = g.view();
         let s = self
@@ -285,16 +335,16 @@ impl PyStore {
         self.get(py, name, None)
     }
 
-    fn __contains__(&self, py: Python<'_>, name: &str) -> bool {
+    fn __contains__(&self, py: Python<'_>, name: &str) -> PyResult<bool> {
         self.run(py, |i| i.store.contains(name))
     }
 
-    fn __len__(&self, py: Python<'_>) -> usize {
+    fn __len__(&self, py: Python<'_>) -> PyResult<usize> {
         self.run(py, |i| i.store.names().len())
     }
 
     /// Names of the working variables, sorted.
-    fn names(&self, py: Python<'_>) -> Vec<String> {
+    fn names(&self, py: Python<'_>) -> PyResult<Vec<String>> {
         self.run(py, |i| i.store.names())
     }
 
@@ -332,17 +382,17 @@ impl PyStore {
     }
 
     /// The current version (`None` before the first commit).
-    fn head(&self, py: Python<'_>) -> Option<PyVersion> {
+    fn head(&self, py: Python<'_>) -> PyResult<Option<PyVersion>> {
         self.run(py, |i| i.store.head().map(PyVersion::from))
     }
 
     /// The branch HEAD is attached to (`None` when detached).
-    fn current_branch(&self, py: Python<'_>) -> Option<String> {
+    fn current_branch(&self, py: Python<'_>) -> PyResult<Option<String>> {
         self.run(py, |i| i.store.current_branch().map(str::to_owned))
     }
 
     /// Whether the working state differs from HEAD.
-    fn is_dirty(&self, py: Python<'_>) -> bool {
+    fn is_dirty(&self, py: Python<'_>) -> PyResult<bool> {
         self.run(py, |i| i.store.is_dirty())
     }
 
@@ -498,8 +548,8 @@ impl PyStore {
     }
 
     /// Detach HEAD at its current version.
-    fn detach(&self, py: Python<'_>) {
-        self.run(py, |i| i.store.detach());
+    fn detach(&self, py: Python<'_>) -> PyResult<()> {
+        self.run(py, |i| i.store.detach())
     }
 
     /// Delete branch `name` (its versions stay until pruned).
@@ -520,7 +570,7 @@ impl PyStore {
     }
 
     /// `[(name, "branch" | "tag", Version)]` for every ref, sorted by name.
-    fn refs(&self, py: Python<'_>) -> Vec<(String, &'static str, PyVersion)> {
+    fn refs(&self, py: Python<'_>) -> PyResult<Vec<(String, &'static str, PyVersion)>> {
         self.run(py, |i| {
             i.store
                 .refs()
@@ -579,7 +629,7 @@ impl PyStore {
     }
 
     /// Every live version, oldest first.
-    fn versions(&self, py: Python<'_>) -> Vec<PyVersion> {
+    fn versions(&self, py: Python<'_>) -> PyResult<Vec<PyVersion>> {
         self.run(py, |i| {
             i.store
                 .versions()
@@ -590,7 +640,7 @@ impl PyStore {
     }
 
     /// Live versions without children.
-    fn tips(&self, py: Python<'_>) -> Vec<PyVersion> {
+    fn tips(&self, py: Python<'_>) -> PyResult<Vec<PyVersion>> {
         self.run(py, |i| {
             i.store.tips().into_iter().map(PyVersion::from).collect()
         })
@@ -716,8 +766,8 @@ impl PyStore {
 
     /// Versions, variables, unique chunks and bytes held, logical bytes (deep copies),
     /// sharing ratio.
-    fn stats(&self, py: Python<'_>) -> PyStats {
-        self.run(py, |i| i.store.stats()).into()
+    fn stats(&self, py: Python<'_>) -> PyResult<PyStats> {
+        self.run(py, |i| i.store.stats()).map(Into::into)
     }
 
     /// Recompute every hash and check the tree; raises `Corrupt` on a mismatch.
@@ -726,12 +776,12 @@ impl PyStore {
     }
 
     /// The history as text, like `git log --graph --oneline`.
-    fn graph(&self, py: Python<'_>) -> String {
+    fn graph(&self, py: Python<'_>) -> PyResult<String> {
         self.run(py, |i| i.store.log_graph())
     }
 
     /// The history as Graphviz DOT.
-    fn to_dot(&self, py: Python<'_>) -> String {
+    fn to_dot(&self, py: Python<'_>) -> PyResult<String> {
         self.run(py, |i| i.store.to_dot())
     }
 
@@ -762,13 +812,13 @@ impl PyStore {
     }
 
     /// Bytes of freed chunk buffers kept for reuse.
-    fn pooled_bytes(&self, py: Python<'_>) -> usize {
+    fn pooled_bytes(&self, py: Python<'_>) -> PyResult<usize> {
         self.run(py, |i| i.store.pooled_bytes())
     }
 
     /// Return pooled buffers to the allocator.
-    fn release_pooled(&self, py: Python<'_>) {
-        self.run(py, |i| i.store.release_pooled());
+    fn release_pooled(&self, py: Python<'_>) -> PyResult<()> {
+        self.run(py, |i| i.store.release_pooled())
     }
 
     fn __repr__(&self, py: Python<'_>) -> String {
@@ -781,5 +831,6 @@ impl PyStore {
                 s.head().map_or("None".to_owned(), |h| h.to_string())
             )
         })
+        .unwrap_or_else(|_| "Store(closed)".to_owned())
     }
 }

@@ -51,6 +51,12 @@ impl PyVersion {
     fn __str__(&self) -> String {
         format!("v{}", self.id)
     }
+
+    /// Pickled as `Version(id)`, so versions (and the errors that carry them) cross
+    /// process boundaries (`multiprocessing`).
+    fn __reduce__<'py>(slf: &Bound<'py, Self>) -> (Bound<'py, pyo3::types::PyType>, (u64,)) {
+        (slf.get_type(), (slf.get().id,))
+    }
 }
 
 /// A ref as Python gives it: a `Version` or a name (branch, tag, `HEAD`, `v12`).
@@ -199,22 +205,32 @@ impl PyPruneStats {
     }
 }
 
-/// Version metadata from `commit`'s keyword arguments (bool, int, float, str).
+/// Version metadata from `commit`'s keyword arguments (bool, int, float, str; NumPy's
+/// `bool_` and integer scalars stay a bool and an int).
 pub(crate) fn meta_from_py(kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<Meta> {
     let mut meta = Meta::new();
     let Some(kwargs) = kwargs else {
         return Ok(meta);
     };
+    let np = kwargs.py().import("numpy")?;
+    let (np_bool, np_int) = (np.getattr("bool_")?, np.getattr("integer")?);
     for (k, v) in kwargs.iter() {
         let key: String = k.extract()?;
-        let value = if let Ok(b) = v.cast::<pyo3::types::PyBool>() {
-            Value::Bool(b.is_true())
-        } else if v.cast::<pyo3::types::PyInt>().is_ok() {
-            Value::Int(v.extract::<i64>().map_err(|_| {
+        let int = |v: &Bound<'_, PyAny>| -> PyResult<Value> {
+            Ok(Value::Int(v.extract::<i64>().map_err(|_| {
                 crate::errors::invalid_argument(&format!(
                     "metadata `{key}` does not fit in 64 bits"
                 ))
-            })?)
+            })?))
+        };
+        let value = if let Ok(b) = v.cast::<pyo3::types::PyBool>() {
+            Value::Bool(b.is_true())
+        } else if v.is_instance(&np_bool)? {
+            Value::Bool(v.is_truthy()?)
+        } else if v.cast::<pyo3::types::PyInt>().is_ok() {
+            int(&v)?
+        } else if v.is_instance(&np_int)? {
+            int(&v.call_method0("__index__")?)?
         } else if let Ok(s) = v.cast::<PyString>() {
             Value::Str(s.to_str()?.to_owned())
         } else if let Ok(f) = v.extract::<f64>() {

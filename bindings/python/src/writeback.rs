@@ -11,14 +11,42 @@ use crate::store::{known_snapshot, stats_dict, PyStore, Written};
 use crate::types::{PyVersion, RefArg};
 use pyo3::types::PyDict;
 
-/// `(name, borrowed array)` pairs from a mapping, in the mapping's order.
+/// The `(name, array)` pairs of `obj`: a mapping (its `items()`, in its order) or an
+/// iterable of pairs; anything else is a `TypeError` that says so. `what` names the
+/// argument in the message.
+fn pairs<'py>(obj: &Bound<'py, PyAny>, what: &str) -> PyResult<Vec<(String, Bound<'py, PyAny>)>> {
+    let bad = |found: &Bound<'py, PyAny>| {
+        let t = found
+            .get_type()
+            .name()
+            .map_or_else(|_| "?".to_owned(), |n| n.to_string());
+        pyo3::exceptions::PyTypeError::new_err(format!(
+            "{what} must be a mapping {{name: array}} or a list of (name, array) pairs, not {t}"
+        ))
+    };
+    let items = if obj.hasattr("items")? {
+        obj.call_method0("items")?
+    } else if obj.cast::<pyo3::types::PyString>().is_ok() {
+        return Err(bad(obj));
+    } else {
+        obj.clone()
+    };
+    let mut out = Vec::new();
+    for item in items.try_iter().map_err(|_| bad(obj))? {
+        let item = item?;
+        let pair: (String, Bound<'py, PyAny>) = item.extract().map_err(|_| bad(&item))?;
+        out.push(pair);
+    }
+    Ok(out)
+}
+
+/// `(name, borrowed array)` pairs from a mapping or a list of pairs, in its order.
 pub(crate) fn read_mapping<'py>(
     arrays_obj: &Bound<'py, PyAny>,
 ) -> PyResult<Vec<(String, ReadGuard<'py>)>> {
     let mut out = Vec::new();
-    for item in arrays_obj.call_method0("items")?.try_iter()? {
-        let (name, arr): (String, Bound<'py, PyAny>) = item?.extract()?;
-        let (u, dt) = arrays::input(&arr, None)?;
+    for (name, arr) in pairs(arrays_obj, "arrays")? {
+        let (u, dt) = arrays::input(&arr, &name, None)?;
         out.push((name, arrays::read(&u, dt)?));
     }
     Ok(out)
@@ -30,8 +58,7 @@ pub(crate) fn write_mapping<'py>(
 ) -> PyResult<Vec<(String, WriteGuard<'py>)>> {
     let mut out = Vec::new();
     let Some(into) = into else { return Ok(out) };
-    for item in into.call_method0("items")?.try_iter()? {
-        let (name, arr): (String, Bound<'py, PyAny>) = item?.extract()?;
+    for (name, arr) in pairs(into, "into")? {
         let (g, _) = arrays::output(&arr, &name)?;
         out.push((name, g));
     }

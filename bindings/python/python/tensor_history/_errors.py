@@ -22,6 +22,15 @@ class TensorHistoryError(Exception):
     def __str__(self) -> str:  # KeyError would quote the message
         return str(self.args[0]) if self.args else ""
 
+    def __reduce__(self):
+        # Pickled with the message and the fields, so an error raised in a
+        # multiprocessing worker reaches the parent whole.
+        return (_rebuild, (type(self), str(self), dict(self.__dict__)))
+
+
+def _rebuild(cls: type, message: str, attrs: dict) -> "TensorHistoryError":
+    return cls(message, **attrs)
+
 
 class UnknownVariable(TensorHistoryError, KeyError):
     """No variable of that name (attribute ``name``)."""
@@ -153,6 +162,10 @@ class TooLarge(TensorHistoryError, ValueError):
 
 class TooManyDims(TensorHistoryError, ValueError):
     """A tensor with more axes than a repository holds (``name``, ``dims``, ``max``)."""
+
+
+class StoreClosed(TensorHistoryError, ValueError):
+    """A call on a store after ``close()`` (or the end of its ``with`` block)."""
 
 
 class TrialError(TensorHistoryError, RuntimeError):
