@@ -117,7 +117,9 @@ class Model:
                 out.append(t)
         return out
 
-    def state_dict(self) -> dict[str, Tensor]:
+    def state_dict(self, keep_vars: bool = False) -> dict[str, Tensor]:
+        if keep_vars:
+            return dict(self.tensors)
         return {k: t.detach() for k, t in self.tensors.items()}
 
 

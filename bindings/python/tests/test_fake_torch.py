@@ -297,3 +297,112 @@ def test_optimizer_scalars_survive_json(tmp_path):
     g = opt2.param_groups[0]
     assert g["betas"] == (0.9, 0.999) and g["foreach"] is None
     assert g["nested"] == {"a": [1, 2.5, "x"], "b": (True,)}
+
+
+def test_keep_after_the_with_block_raises_and_commits_nothing():
+    model, opt = make()
+    tr = th.torch.track(model, opt)
+    with tr.trial() as t:
+        train_step(model, opt, np.random.default_rng(1))
+    versions = tr.store.versions()
+    train_step(model, opt, np.random.default_rng(2))
+    with pytest.raises(th.TrialError) as e:
+        t.keep()
+    assert e.value.reason == "trial ended" and tr.store.versions() == versions
+
+
+def test_a_learning_rate_changed_between_trials_survives_the_next_revert():
+    model, opt = make()
+    tr = th.torch.track(model, opt)
+    with tr.trial():
+        train_step(model, opt, np.random.default_rng(1))  # rejected
+    opt.param_groups[0]["lr"] /= 2  # the schedule reacts to the rejection
+    assert tr.is_dirty()
+    entry = state(model, opt)
+    with tr.trial():
+        train_step(model, opt, np.random.default_rng(2))  # rejected again
+    assert opt.param_groups[0]["lr"] == 0.05
+    assert_same(state(model, opt), entry)
+    assert not tr.is_dirty()
+
+
+def test_a_tensor_changed_between_trials_survives_the_next_revert():
+    model, opt = make()
+    tr = th.torch.track(model, opt)
+    model.tensors["bias"].add_(3.0)
+    entry = state(model, opt)
+    with tr.trial():
+        train_step(model, opt, np.random.default_rng(2))
+    assert_same(state(model, opt), entry)
+
+
+def test_a_buffer_added_inside_a_trial_is_named_after_the_rest_is_reverted():
+    model, opt = make()
+    tr = th.torch.track(model, opt)
+    before = state(model, opt)
+    with pytest.raises(th.TrialError) as e:
+        with tr.trial():
+            train_step(model, opt, np.random.default_rng(1))
+            model.tensors["new_buf"] = ft.Tensor(np.ones(3, np.float32))
+    assert e.value.reason == "model structure" and "model/new_buf" in str(e.value)
+    now = state(model, opt)
+    assert now.pop("new_buf").tolist() == [1, 1, 1]
+    assert_same(now, before)  # parameters, optimizer state and lr put back
+    # the new buffer is recorded by the next commit
+    v = tr.commit("with the buffer")
+    assert tr.store.get("model/new_buf", at=v).tolist() == [1, 1, 1]
+
+
+def test_a_tensor_replaced_inside_a_trial_is_reverted_and_kept_by_value():
+    model, opt = make()
+    tr = th.torch.track(model, opt)
+    old = model.tensors["bias"]
+    # a new tensor with the same version counter value as the old one
+    with tr.trial():
+        model.tensors["bias"] = ft.Tensor(np.ones(16, np.float32))
+        assert model.tensors["bias"]._version == old._version
+    assert model.tensors["bias"]._arr.tolist() == [0.0] * 16  # the new tensor, reverted
+    with tr.trial() as t:
+        model.tensors["bias"] = ft.Tensor(np.full(16, 2, np.float32))
+        v = t.keep()
+    assert tr.store.get("model/bias", at=v).tolist() == [2.0] * 16
+
+
+def test_optimizer_state_replaced_by_a_new_tensor_is_reverted():
+    model, opt = make()
+    tr = th.torch.track(model, opt)
+    with tr.trial() as t:
+        train_step(model, opt, np.random.default_rng(1))
+        t.keep()
+    before = state(model, opt)
+    p = opt.param_groups[0]["params"][0]
+    with tr.trial():
+        old = opt.state[p]["momentum_buffer"]
+        new = ft.Tensor(np.zeros_like(p._arr))
+        new._counter[0] = old._version  # the same counter value, another storage
+        opt.state[p]["momentum_buffer"] = new
+    assert_same(state(model, opt), before)
+
+
+def test_commits_keep_the_users_own_variables(tmp_path):
+    s = th.Store()
+    s.insert("notes/seed", np.array([7], np.int64))
+    s.commit("mine")
+    s.save_as(tmp_path / "r")
+    model, opt = make()
+    tr = th.torch.track(model, opt, path=tmp_path / "r")
+    with tr.trial() as t:
+        train_step(model, opt, np.random.default_rng(1))
+        t.keep()
+    assert tr.store.get("notes/seed").tolist() == [7]
+    assert "notes/seed" in tr.store.snapshot(tr.store.head())
+
+
+def test_tracker_metadata_is_hidden_from_the_graph():
+    model, opt = make()
+    tr = th.torch.track(model, opt)
+    with tr.trial() as t:
+        train_step(model, opt, np.random.default_rng(1))
+        t.keep("step", loss=0.25)
+    g = tr.store.graph()
+    assert "loss=0.25" in g and "groups" not in g and "scalars" not in g

@@ -24,7 +24,7 @@ def snapshot(model, opt) -> dict:
     sd = opt.state_dict()
     for i, st in sd["state"].items():
         for k, v in st.items():
-            out[f"o/{i}/{k}"] = v.clone() if torch.is_tensor(v) else v
+            out[f"o/{i}/{k}"] = v.clone() if torch.is_tensor(v) else copy.deepcopy(v)
     out["groups"] = [{k: v for k, v in g.items() if k != "params"} for g in sd["param_groups"]]
     return out
 
@@ -32,12 +32,20 @@ def snapshot(model, opt) -> dict:
 def assert_bitwise(a: dict, b: dict) -> None:
     assert a.keys() == b.keys()
     for k in a:
-        if torch.is_tensor(a[k]):
-            assert a[k].dtype == b[k].dtype and a[k].shape == b[k].shape, k
-            assert a[k].reshape(-1).view(torch.uint8).tolist() == \
-                b[k].reshape(-1).view(torch.uint8).tolist(), k
-        else:
-            assert a[k] == b[k], k
+        _assert_same_value(a[k], b[k], k)
+
+
+def _assert_same_value(x, y, k) -> None:
+    if torch.is_tensor(x):
+        assert torch.is_tensor(y) and x.dtype == y.dtype and x.shape == y.shape, k
+        assert x.reshape(-1).view(torch.uint8).tolist() == \
+            y.reshape(-1).view(torch.uint8).tolist(), k
+    elif isinstance(x, (list, tuple)):  # LBFGS keeps lists of tensors
+        assert type(x) is type(y) and len(x) == len(y), k
+        for p, q in zip(x, y):
+            _assert_same_value(p, q, k)
+    else:
+        assert x == y, k
 
 
 def small_model(dtype=torch.float32):
@@ -249,3 +257,141 @@ def test_minilm_finetune_with_trials_matches_deepcopy_bit_for_bit():
     tracker["t"].store.verify()
     stats = tracker["t"].stats()
     assert stats.versions == 1 + d1.count(True)
+
+
+def _optimizer_cases():
+    """Every optimizer class of torch.optim, with its foreach and fused variants where
+    the constructor takes them (run on CPU)."""
+    import inspect
+
+    cases = []
+    for name in sorted(dir(torch.optim)):
+        cls = getattr(torch.optim, name)
+        if not (isinstance(cls, type) and issubclass(cls, torch.optim.Optimizer)) \
+                or cls is torch.optim.Optimizer:
+            continue
+        params = inspect.signature(cls.__init__).parameters
+        for variant in ("plain", "foreach", "fused"):
+            if variant == "plain" or variant in params:
+                cases.append(pytest.param(name, variant, id=f"{name}-{variant}"))
+    return cases
+
+
+def _model_and_optimizer(name, variant):
+    torch.manual_seed(0)
+    if name == "SparseAdam":
+        m = torch.nn.Sequential(torch.nn.Embedding(10, 4, sparse=True), torch.nn.Flatten())
+    else:  # 2-D weights only: Muon takes nothing else
+        m = torch.nn.Sequential(torch.nn.Linear(4, 8, bias=False), torch.nn.Tanh(),
+                                torch.nn.Linear(8, 3, bias=False))
+    kw = {}
+    if variant != "plain":
+        kw[variant] = True
+    if name == "SGD":
+        kw["momentum"] = 0.9
+    opt = getattr(torch.optim, name)(m.parameters(), lr=0.01, **kw)
+    return m, opt
+
+
+def _train(m, opt, seed, sparse):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(0, 10, (6, 2), generator=g) if sparse else torch.randn(6, 4, generator=g)
+
+    def closure():
+        opt.zero_grad()
+        loss = m(x).pow(2).mean()
+        loss.backward()
+        return loss
+
+    opt.step(closure)
+
+
+def _deepcopy(m, opt):
+    m2, opt2 = copy.deepcopy((m, opt))
+    if isinstance(opt2, torch.optim.LBFGS):  # its pickled state lacks `_params`
+        opt2._params = opt2.param_groups[0]["params"]
+        opt2._numel_cache = None
+    return m2, opt2
+
+
+@pytest.mark.parametrize("name,variant", _optimizer_cases())
+def test_every_optimizer_matches_a_deepcopy_run_bit_for_bit(name, variant):
+    m, opt = _model_and_optimizer(name, variant)
+    ref_m, ref_opt = _deepcopy(m, opt)
+    tr = th.torch.track(m, opt)
+    sparse = name == "SparseAdam"
+    for i in range(6):
+        accept = i % 3 != 1
+        # reference: a deep copy at entry, put back on rejection
+        saved = _deepcopy(ref_m, ref_opt)
+        _train(ref_m, ref_opt, i, sparse)
+        if not accept:
+            ref_m, ref_opt = saved
+            for g in ref_opt.param_groups:
+                g["lr"] /= 2  # the schedule reacts, between trials
+        with tr.trial() as t:
+            _train(m, opt, i, sparse)
+            if accept:
+                t.keep(loss=float(i))
+        if not accept:
+            for g in opt.param_groups:
+                g["lr"] /= 2
+        assert_bitwise(snapshot(m, opt), snapshot(ref_m, ref_opt))
+    tr.store.verify()
+
+
+def test_a_module_replaced_inside_a_trial_is_reverted_or_kept():
+    m = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 3))
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    tr = th.torch.track(m, opt)
+    before = {k: v.clone() for k, v in m.state_dict().items()}
+    with tr.trial():
+        m[1] = torch.nn.Linear(3, 3)  # new tensors, version counters 0 as before
+    for k, v in m.state_dict().items():
+        assert torch.equal(v, before[k]), k
+    with tr.trial() as t:
+        m[1] = torch.nn.Linear(3, 3)
+        new_w = m[1].weight.detach().clone()
+        v = t.keep()
+    assert (tr.store.get("model/1.weight", at=v) == new_w.numpy()).all()
+
+
+def test_lbfgs_state_replaced_each_step_is_reverted():
+    torch.manual_seed(0)
+    m = torch.nn.Linear(4, 2)
+    opt = torch.optim.LBFGS(m.parameters(), lr=0.5, max_iter=3)
+    _train(m, opt, 0, False)
+    tr = th.torch.track(m, opt)
+    before = snapshot(m, opt)
+    with tr.trial():
+        _train(m, opt, 1, False)
+    assert_bitwise(snapshot(m, opt), before)
+
+
+def test_a_sparse_buffer_raises_trial_error():
+    m = torch.nn.Linear(2, 2)
+    m.register_buffer("mask", torch.eye(2).to_sparse())
+    with pytest.raises(th.TrialError) as e:
+        th.torch.track(m)
+    assert e.value.reason == "layout" and "model/mask" in str(e.value)
+
+
+def test_keep_takes_a_loss_tensor_without_warnings():
+    import warnings
+
+    m, opt = small_model()
+    tr = th.torch.track(m, opt)
+    with tr.trial() as t:
+        loss = m(torch.randn(4, 8)).pow(2).mean()
+        loss.backward()
+        opt.step()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            v = t.keep(loss=loss, step=torch.tensor(3))
+    meta = tr.store.metadata(v)
+    assert meta["loss"] == pytest.approx(loss.item()) and meta["step"] == 3
+    assert type(meta["step"]) is int
+    g = tr.store.graph()
+    assert "loss=" in g and "groups" not in g
+    with pytest.raises(TypeError, match="metadata `w`"):
+        tr.commit("bad", w=torch.zeros(3))

@@ -1,0 +1,476 @@
+"""The framework-neutral half of the trackers: trials, keep and revert, commits of what
+changed, metadata, save and resume.
+
+A framework module (``tensor_history.torch``) subclasses :class:`Tracker` and supplies
+the tensors by store name, NumPy views of their storage, identity tokens that prove a
+tensor unchanged, and the framework's hyper-parameters; everything else lives here.
+
+Names in the store are ``<prefix>/...`` for each of the tracker's ``PREFIXES``; other
+variables of the store (the user's own) are kept as they are by every commit.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
+
+import numpy as np
+
+from ._core import SaveStats, Store, Version
+from ._errors import TrialError, UncommittedChanges
+
+__all__ = ["Tracker", "Trial"]
+
+
+class NotJson(Exception):
+    """A hyper-parameter value with no JSON form (kept in memory only)."""
+
+
+class Trial:
+    """A tentative change of the model (see :meth:`Tracker.trial`)."""
+
+    def __init__(self, tracker: "Tracker", message: str) -> None:
+        self._tracker = tracker
+        self.message = message
+        self.base: Optional[Version] = None
+        self.kept: Optional[Version] = None
+        self._ended = False
+
+    def keep(self, message: Optional[str] = None, **metadata: Any) -> Version:
+        """Commit the model and optimizer as they are now (copies changed chunks only).
+
+        Changes made after ``keep()`` inside the same ``with`` block are reverted on exit
+        unless ``keep()`` is called again. Raises ``TrialError`` outside the ``with``
+        block (before it, or after it ended).
+        """
+        if self._ended:
+            raise TrialError("keep() after the trial's with block ended", reason="trial ended")
+        if self.base is None:
+            raise TrialError("keep() outside the trial's with block", reason="not entered")
+        v = self._tracker._commit(message if message is not None else self.message, metadata)
+        self.kept = v
+        return v
+
+    def __enter__(self) -> "Trial":
+        tr = self._tracker
+        if self._ended or self.base is not None:
+            raise TrialError("a trial's with block can be entered once", reason="reused trial")
+        if tr._trial is not None:
+            raise TrialError("trials do not nest", reason="nested trial")
+        # The base is the state at entry: if the model, optimizer state or
+        # hyper-parameters moved on since the last commit, record them first (copying
+        # only the changed chunks), so that a revert goes back to them, not to HEAD.
+        if tr.is_dirty():
+            tr._commit(f"{self.message} (base)", {})
+        self.base = tr.store.head()
+        tr._trial = self
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        tr = self._tracker
+        tr._trial = None
+        self._ended = True
+        target = self.kept if self.kept is not None else self.base
+        assert target is not None
+        tr._apply(target, lambda: tr.store.restore(target), partial=True)
+        return False
+
+
+class Tracker:
+    """History of a model's tensors and an optimizer's state in a :class:`Store`, written
+    back in place. Framework modules subclass it; see ``tensor_history.torch``."""
+
+    #: Store-name prefixes this tracker owns (other names are the user's).
+    PREFIXES: Tuple[str, ...] = ("model/", "optim/")
+    #: Prefix of the names that must exist in a version the tracker restores.
+    MODEL_PREFIX = "model/"
+    #: Metadata key of the hyper-parameters' JSON; ``_`` keeps it out of ``graph()``.
+    SCALARS_KEY = "_scalars"
+    #: Keys older versions may hold the same JSON under.
+    LEGACY_SCALARS_KEYS: Tuple[str, ...] = ()
+
+    def __init__(
+        self,
+        *,
+        store: Optional[Store] = None,
+        message: str = "track",
+        trust_versions: bool = True,
+        resume: Optional[bool] = None,
+    ) -> None:
+        self.store = store if store is not None else Store()
+        self.trust_versions = trust_versions
+        self._trial: Optional[Trial] = None
+        # name -> identity token at the last sync; the tensors are held so that their
+        # storage cannot be freed and reused by a new tensor at the same address.
+        self._synced: Dict[str, Any] = {}
+        self._held: List[Any] = []
+        self._synced_head: Optional[Version] = None
+        self._extras: Dict[Version, Any] = {}
+        head = self.store.head()
+        held = head is not None and any(
+            n.startswith(self.MODEL_PREFIX) for n in self.store.snapshot(head))
+        if resume is None:
+            resume = held
+        if resume:
+            if not held:
+                raise TrialError("resume=True but the store has no committed model",
+                                 reason="nothing to resume")
+            self._apply(head, lambda: self.store.restore(head))
+        else:
+            self._commit(message, {})
+
+    # ---- what a framework module supplies -------------------------------------------
+
+    def _live(self) -> Tuple[Dict[str, Any], Dict[str, Any], set]:
+        """Every tracked tensor by store name (tied tensors once), their identity tokens
+        (see :meth:`_token`), and the names whose token cannot prove them unchanged
+        (always compared)."""
+        raise NotImplementedError
+
+    def _token(self, t: Any) -> Any:
+        """A value equal between two calls only if the tensor is the same storage, layout
+        and in-place version (``None``: cannot tell)."""
+        raise NotImplementedError
+
+    def _np(self, name: str, t: Any) -> np.ndarray:
+        """A writable NumPy view of the tensor's storage."""
+        raise NotImplementedError
+
+    def _from_np(self, name: str, a: np.ndarray) -> Any:
+        """A new framework tensor owning `a` (for optimizer state the live one lacks)."""
+        raise NotImplementedError
+
+    def _set_state(self, name: str, t: Any) -> None:
+        """Put tensor `t` into the optimizer state entry `name`."""
+        raise NotImplementedError
+
+    def _drop_state(self, name: str) -> None:
+        """Remove the optimizer state entry `name`."""
+        raise NotImplementedError
+
+    def _written(self, tensors: list) -> None:
+        """Called with the tensors a restore wrote into (advance their version counters)."""
+
+    def _forced_dirty(self, entries: Dict[str, Any]) -> set:
+        """Names known to have changed although their token may not say so (tensors an
+        optimizer step updated without advancing version counters)."""
+        return set()
+
+    def _synced_now(self) -> None:
+        """Called after every sync (commit or restore)."""
+
+    def _scalars(self, copy: bool = True) -> Any:
+        """The hyper-parameters and non-tensor optimizer state, deep-copied (`copy`) or
+        as they are (to compare them)."""
+        return None
+
+    def _restore_scalars(self, extras: Any) -> None:
+        """Put hyper-parameters recorded by :meth:`_scalars` back."""
+
+    def _encode_tensor(self, v: Any) -> Any:
+        """The JSON form of a small framework tensor in the hyper-parameters."""
+        raise NotJson(type(v).__name__)
+
+    def _decode_tensor(self, d: dict) -> Any:
+        raise NotJson("tensor")
+
+    def _same_tensor(self, a: Any, b: Any) -> bool:
+        return a is b
+
+    def _plain(self, key: str, v: Any) -> Any:
+        """A commit metadata value as a bool, int, float or str (framework scalars)."""
+        return v
+
+    # ---- hyper-parameters as JSON ----------------------------------------------------
+
+    def _encode(self, v: Any) -> Any:
+        if v is None or isinstance(v, (bool, int, float, str)):
+            return v
+        if isinstance(v, list):
+            return [self._encode(x) for x in v]
+        if isinstance(v, tuple):
+            return {"tuple": [self._encode(x) for x in v]}
+        if isinstance(v, dict) and all(isinstance(k, str) for k in v):
+            return {"dict": [[k, self._encode(x)] for k, x in v.items()]}
+        return self._encode_tensor(v)
+
+    def _decode(self, v: Any) -> Any:
+        if isinstance(v, list):
+            return [self._decode(x) for x in v]
+        if not isinstance(v, dict):
+            return v
+        if "tuple" in v:
+            return tuple(self._decode(x) for x in v["tuple"])
+        if "dict" in v:
+            return {k: self._decode(x) for k, x in v["dict"]}
+        return self._decode_tensor(v)
+
+    def _dump_scalars(self, extras: Any) -> Optional[str]:
+        if extras is None:
+            return None
+        try:
+            return json.dumps({
+                "groups": [self._encode(g) for g in extras["groups"]],
+                "state": [[i, k, self._encode(v)] for (i, k), v in extras["state"].items()],
+            })
+        except NotJson:
+            return None
+
+    def _load_scalars(self, text: str) -> Any:
+        d = json.loads(text)
+        return {"groups": [self._decode(g) for g in d["groups"]],
+                "state": {(i, k): self._decode(v) for i, k, v in d["state"]}}
+
+    def _same_scalars(self, a: Any, b: Any) -> bool:
+        """Deep equality of hyper-parameter values that never asks a tensor for its
+        truth value (tensors compare by :meth:`_same_tensor`); NaN equals NaN."""
+        if type(a) is not type(b):
+            return False
+        if isinstance(a, dict):
+            return a.keys() == b.keys() and all(self._same_scalars(a[k], b[k]) for k in a)
+        if isinstance(a, (list, tuple)):
+            return len(a) == len(b) and all(self._same_scalars(x, y) for x, y in zip(a, b))
+        if isinstance(a, float):
+            return a == b or (math.isnan(a) and math.isnan(b))
+        if a is None or isinstance(a, (bool, int, str, bytes)):
+            return a == b
+        return self._same_tensor(a, b)
+
+    # ---- syncing ---------------------------------------------------------------------
+
+    def _owns(self, name: str) -> bool:
+        return name.startswith(self.PREFIXES)
+
+    def _mark_synced(self, entries: Dict[str, Any], tokens: Dict[str, Any],
+                     head: Optional[Version], exclude: Tuple[str, ...] = (),
+                     changed: Tuple[Any, ...] = ()) -> None:
+        """Record `tokens` as the state of `head`; `changed`: names whose tensors were
+        written since `tokens` were taken (their tokens are taken again)."""
+        synced = dict(tokens)
+        for n in changed:
+            synced[n] = self._token(entries[n])
+        for n in exclude:
+            synced.pop(n, None)
+        self._synced = synced
+        self._held = list(entries.values())
+        self._synced_head = head
+        self._synced_now()
+
+    def _dirty_names(self, entries: Dict[str, Any], tokens: Dict[str, Any],
+                     untrusted: set) -> list:
+        """Names that may differ from HEAD (all of them without trusted tokens)."""
+        if not self.trust_versions or self.store.head() != self._synced_head:
+            return list(entries)
+        synced = self._synced
+        forced = self._forced_dirty(entries)
+        get = synced.get
+        dirty = [n for n, tok in tokens.items()
+                 if tok is None or n in untrusted or n in forced or get(n) != tok]
+        dirty += [n for n in synced if n not in entries]
+        return dirty
+
+    def _commit(self, message: str, metadata: dict) -> Version:
+        entries, tokens, untrusted = self._live()
+        dirty = self._dirty_names(entries, tokens, untrusted)
+        arrays = {n: self._np(n, entries[n]) for n in dirty if n in entries}
+        names = self.store.names()
+        gone = [n for n in names if self._owns(n) and n not in entries]
+        scalars = self._scalars()
+        meta = {k: self._plain(k, v) for k, v in metadata.items()}
+        text = self._dump_scalars(scalars)
+        if text is not None:
+            meta[self.SCALARS_KEY] = text
+        self.store.sync(arrays)
+        for n in gone:
+            self.store.remove(n)
+        v = self.store.commit(message, **meta)
+        self._extras[v] = scalars
+        self._mark_synced(entries, tokens, v)
+        return v
+
+    def _apply(self, target: Version, move, partial: bool = False) -> None:
+        """Move the store with `move()` (to `target`) and write `target` into the model
+        and optimizer in place, only the chunks that differ.
+
+        Model tensors that `target` lacks: without `partial`, ``TrialError`` before
+        anything changes; with `partial` (a trial's revert), everything else is put back,
+        then ``TrialError`` names them. Model tensors of another shape or dtype are left
+        as they are and named the same way."""
+        entries, tokens, untrusted = self._live()
+        snap = self.store.snapshot(target)
+        names = set(snap.keys())
+        model = self.MODEL_PREFIX
+        extra = sorted(n for n in entries.keys() - names if n.startswith(model))
+        if extra and not partial:
+            raise TrialError(f"the model has tensors that version {target} lacks: {extra[:5]}",
+                             reason="model structure")
+        prev = self.store.head()
+        dirty = set(self._dirty_names(entries, tokens, untrusted))
+        clean_known = prev == self._synced_head and self.trust_versions
+        into_dirty = {}
+        into_clean = {}
+        for n, t in entries.items():
+            if n not in names:
+                continue
+            if n in dirty:
+                into_dirty[n] = self._np(n, t)
+            elif prev != target or not clean_known:
+                into_clean[n] = self._np(n, t)
+        move()
+        written: Dict[str, Any] = {}
+        mismatched: List[str] = []
+        known = prev if clean_known else None
+        for group, k in ((into_clean, known), (into_dirty, None)):
+            if group:
+                self._write(group, k, written, mismatched)
+        bumped = [n for n, s in written.items() if s.chunks_changed > 0]
+        # Optimizer state of another shape or dtype is replaced by a new tensor.
+        replaced = [n for n in mismatched if not n.startswith(self.MODEL_PREFIX)]
+        stuck = [n for n in mismatched if n.startswith(self.MODEL_PREFIX)]
+        for n in replaced:
+            self._set_state(n, self._from_np(n, snap[n]))
+        # optimizer state that the target lacks, or that the live optimizer lacks
+        dropped = [n for n in entries.keys() - names if not n.startswith(model)]
+        for n in dropped:
+            self._drop_state(n)
+        added = [n for n in names - entries.keys()
+                 if self._owns(n) and not n.startswith(model)]
+        for n in added:
+            self._set_state(n, self._from_np(n, snap[n]))
+        self._restore_scalars(self._scalars_of(target))
+        self._written([entries[n] for n in bumped])
+        problems = tuple(extra + stuck)
+        # Tensors left as they were stay dirty (a later commit records them).
+        if replaced or dropped or added:
+            live, live_tokens, _ = self._live()
+            self._mark_synced(live, live_tokens, target, exclude=problems)
+        else:
+            self._mark_synced(entries, tokens, target, exclude=problems, changed=tuple(bumped))
+        if problems:
+            raise TrialError(
+                f"the model has tensors that version {target} lacks or holds with another "
+                f"shape or dtype: {problems[:5]}; everything else was put back",
+                reason="model structure")
+
+    def _write(self, into: dict, known: Optional[Version], written: dict,
+               mismatched: list) -> None:
+        """``write_into`` all of `into`; if some target has another shape or dtype, the
+        others one by one and those collected in `mismatched`."""
+        from ._errors import DTypeMismatch, ShapeMismatch
+
+        try:
+            written.update(self.store.write_into(into, known=known))
+            return
+        except (ShapeMismatch, DTypeMismatch):
+            pass
+        for n, a in into.items():
+            try:
+                written.update(self.store.write_into({n: a}, known=known))
+            except (ShapeMismatch, DTypeMismatch):
+                mismatched.append(n)
+
+    def _scalars_of(self, v: Version) -> Any:
+        """The hyper-parameters of version `v`: kept in memory, or from its metadata
+        (versions loaded from a repository)."""
+        extras = self._extras.get(v)
+        if extras is None:
+            meta = self.store.metadata(v)
+            for key in (self.SCALARS_KEY, *self.LEGACY_SCALARS_KEYS):
+                text = meta.get(key)
+                if isinstance(text, str):
+                    extras = self._load_scalars(text)
+                    self._extras[v] = extras
+                    break
+        return extras
+
+    def _check_idle(self, what: str) -> None:
+        if self._trial is not None:
+            raise TrialError(f"{what}() inside a trial; leave the with block first",
+                             reason="inside trial")
+
+    # ---- the public calls ------------------------------------------------------------
+
+    def commit(self, message: str = "", **metadata: Any) -> Version:
+        """Commit the model and optimizer: compares (or, by identity tokens, skips) each
+        tensor, copies changed chunks only, then an O(1) commit."""
+        self._check_idle("commit")
+        return self._commit(message, metadata)
+
+    def is_dirty(self) -> bool:
+        """Whether the model, the optimizer state or the hyper-parameters changed since
+        HEAD: tensors by identity tokens where they are trusted, by comparing bytes
+        otherwise; hyper-parameters by value."""
+        head = self.store.head()
+        if head != self._synced_head:
+            return True
+        entries, tokens, untrusted = self._live()
+        for n in self._dirty_names(entries, tokens, untrusted):
+            if n not in entries or n not in untrusted and self.trust_versions:
+                return True
+            if n not in self.store:
+                return True
+            live = self._np(n, entries[n])
+            held = self.store.get(n)
+            if live.shape != held.shape or live.tobytes() != held.tobytes():
+                return True
+        saved = self._scalars_of(head) if head is not None else None
+        if saved is not None and not self._same_scalars(self._scalars(copy=False), saved):
+            return True
+        return False
+
+    def restore(self, ref: Any) -> Version:
+        """Put version `ref` (a Version or a ref name) back into the model and optimizer in
+        place; HEAD moves there. Uncommitted changes of the model are overwritten."""
+        self._check_idle("restore")
+        target = self.store.resolve(ref)
+        self._apply(target, lambda: self.store.restore(target))
+        return target
+
+    def undo(self) -> Version:
+        """Back to HEAD's parent, in place. Raises ``UncommittedChanges`` if the model
+        changed since HEAD (commit first, or use ``restore``)."""
+        self._check_idle("undo")
+        if self.is_dirty():
+            raise UncommittedChanges("the model changed since the last commit; commit or restore first")
+        head = self.store.head()
+        parent = self.store.parent(head) if head is not None else None
+        if parent is None:
+            self.store.undo()  # raises NothingToUndo, changing nothing
+        self._apply(parent, self.store.undo)
+        return parent
+
+    def redo(self) -> Version:
+        """Forward to the version the last undo came from, in place."""
+        self._check_idle("redo")
+        if self.is_dirty():
+            raise UncommittedChanges("the model changed since the last commit; commit or restore first")
+        v = self.store.redo()
+        self.store.undo()  # undo right after redo cannot fail
+        self._apply(v, self.store.redo)
+        return v
+
+    def save(self, path: Union[str, "os.PathLike[str]", None] = None) -> SaveStats:
+        """Write the committed versions to the store's repository (or, with `path`, bind
+        the store to the repository there first): only chunks it lacks are written.
+        Uncommitted changes of the model are not saved: ``commit()`` first. Raises
+        ``Conflict`` if another process moved the branch (see :meth:`Store.save`)."""
+        self._check_idle("save")
+        return self.store.save_as(path) if path is not None else self.store.save()
+
+    def trial(self, message: str = "trial") -> Trial:
+        """A ``with`` block whose changes are kept only if ``keep()`` is called."""
+        return Trial(self, message)
+
+    def log(self) -> list:
+        """The store's log from HEAD (see :meth:`Store.log`)."""
+        return self.store.log()
+
+    def stats(self) -> Any:
+        """Bytes held against what deep copies of every version would hold."""
+        return self.store.stats()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.store.names())
+
