@@ -1,7 +1,8 @@
 //! A naive model of a store's history for the model-based tests: every version is a deep
 //! copy (`BTreeMap<String, Vec<f32> + shape>`), with its own parent links, refs, HEAD,
-//! redo stack and pruned set, and each documented operation written out plainly
-//! (merges chunk by chunk against the merge base).
+//! redo stack and pruned set, and each documented operation written out plainly from the
+//! contract (the crate docs and DESIGN.md), not from the store's code: retention decides
+//! version by version, merges apply one three-way rule to variables and chunks.
 #![allow(dead_code)]
 
 pub mod driver;
@@ -176,6 +177,29 @@ pub fn mean_arr(parts: &[&Arr], weights: &[f64]) -> Arr {
         })
         .collect();
     parts[0].with_chunks(&chunks)
+}
+
+/// Which side a three-way merge takes.
+enum Side {
+    Ours,
+    Theirs,
+    /// Both changed it, differently.
+    Both,
+}
+
+/// The three-way rule, the same for a variable and for a chunk: a side equal to the base
+/// did not change it, so the other side is taken; sides equal to each other are taken as
+/// they are; otherwise both changed it.
+fn three_way<T: Copy>(ours: T, theirs: T, base: T, same: impl Fn(T, T) -> bool) -> Side {
+    if same(ours, theirs) {
+        Side::Ours
+    } else if same(ours, base) {
+        Side::Theirs
+    } else if same(theirs, base) {
+        Side::Ours
+    } else {
+        Side::Both
+    }
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -426,6 +450,23 @@ impl Model {
             .collect()
     }
 
+    /// The versions on the first-parent line of `tip`: `tip`, its first parent, that one's
+    /// first parent, ..., oldest last.
+    fn first_parent_line(&self, tip: u64) -> Vec<u64> {
+        let mut line = vec![tip];
+        while let Some(p) = self.node(*line.last().unwrap()).unwrap().parents.first() {
+            line.push(*p);
+        }
+        line
+    }
+
+    /// `Store::prune` as `Retention`'s docs state it, version by version: HEAD, branch
+    /// tips, tagged versions, the redo path and the reflog are always kept; a version is
+    /// kept when any policy keeps it (`last`: among the last N of the first-parent line of
+    /// a branch tip or of HEAD; `every`: its id a multiple of k; `best`: among the best N
+    /// by `loss`); the others are dropped when `last` or `best` is set, or, with
+    /// `unreachable`, when no branch, tag, HEAD, redo entry or reflog entry reaches them.
+    /// Children of a dropped version take its parents.
     pub fn prune(
         &mut self,
         last: Option<usize>,
@@ -433,45 +474,36 @@ impl Model {
         unreachable: bool,
         best: Option<(usize, Goal)>,
     ) -> Vec<u64> {
-        // Always kept: HEAD, every ref's version, the reflog, the redo path.
-        let mut roots: Vec<u64> = self.refs.values().map(|r| r.target().0).collect();
-        roots.extend(self.head_id());
-        roots.extend(self.reflog.iter().map(|(_, v)| *v));
-        roots.extend(self.redo.iter().copied());
-        let mut keep: BTreeSet<u64> = roots.iter().copied().collect();
-        let reachable: BTreeSet<u64> = roots.iter().flat_map(|r| self.ancestors(*r)).collect();
-        if let Some(n) = last {
-            let mut tips: Vec<u64> = self
-                .refs
-                .values()
-                .filter_map(|r| match r {
-                    Ref::Branch(v) => Some(v.0),
-                    Ref::Tag(_) => None,
-                })
-                .collect();
-            if let MHead::Detached(v) = self.head {
-                tips.push(v);
-            }
-            for tip in tips {
-                let mut cur = Some(tip);
-                for _ in 0..n {
-                    let Some(v) = cur else { break };
-                    keep.insert(v);
-                    cur = self.node(v).unwrap().parents.first().copied();
-                }
+        let mut anchors: Vec<u64> = Vec::new();
+        anchors.extend(self.head_id());
+        anchors.extend(self.refs.values().map(|r| r.target().0));
+        anchors.extend(self.redo.iter().copied());
+        anchors.extend(self.reflog.iter().map(|(_, v)| *v));
+        let mut tips: Vec<u64> = Vec::new();
+        tips.extend(self.head_id());
+        for r in self.refs.values() {
+            if let Ref::Branch(v) = r {
+                tips.push(v.0);
             }
         }
-        if let Some((n, goal)) = best {
-            keep.extend(self.best_by_loss(n, goal));
-        }
-        let bounded = last.is_some() || best.is_some();
-        let dropped: Vec<u64> = self
-            .live()
-            .into_iter()
-            .filter(|id| !keep.contains(id))
-            .filter(|id| every.is_none_or(|k| id % k as u64 != 0))
-            .filter(|id| bounded || (unreachable && !reachable.contains(id)))
-            .collect();
+        let best_set = best.map(|(n, goal)| self.best_by_loss(n, goal));
+        let drop_it = |id: u64| -> bool {
+            let anchored = anchors.contains(&id);
+            let in_a_window = last.is_some_and(|n| {
+                tips.iter()
+                    .any(|&t| self.first_parent_line(t).iter().take(n).any(|&v| v == id))
+            });
+            let every_kth = every.is_some_and(|k| k > 0 && id.is_multiple_of(k as u64));
+            let among_best = best_set.as_ref().is_some_and(|b| b.contains(&id));
+            if anchored || in_a_window || every_kth || among_best {
+                return false;
+            }
+            if last.is_some() || best.is_some() {
+                return true;
+            }
+            unreachable && !anchors.iter().any(|&a| self.ancestors(a).contains(&id))
+        };
+        let dropped: Vec<u64> = self.live().into_iter().filter(|&id| drop_it(id)).collect();
         for id in &dropped {
             self.remove(*id);
         }
@@ -587,7 +619,14 @@ impl Model {
         Ok(next)
     }
 
-    /// Three-way merge of one variable against the base, chunk by chunk.
+    /// Three-way merge of one variable, as `Store::merge`, `MergeStrategy` and `Conflict`
+    /// document it: a side that left the variable as the base had it gives way to the
+    /// other side; two sides that agree give what they agree on; two sides that changed
+    /// it differently are merged chunk by chunk when both have the base's shape (a chunk
+    /// follows the same rule, and a chunk changed differently on both sides is resolved
+    /// by the strategy or listed), and otherwise conflict as a whole variable (added on
+    /// both sides, removed on one side and changed on the other, or reshaped), which
+    /// `Ours` and `Theirs` resolve, and `Mean` too when both sides hold one shape.
     pub fn merge_var(
         name: &str,
         ours: Option<&Arr>,
@@ -596,65 +635,50 @@ impl Model {
         strategy: MergeStrategy,
         conflicts: &mut Vec<Conflict>,
     ) -> Option<Arr> {
-        if opt_same(ours, theirs) || opt_same(theirs, base) {
-            return ours.cloned();
+        match three_way(ours, theirs, base, opt_same) {
+            Side::Ours => return ours.cloned(),
+            Side::Theirs => return theirs.cloned(),
+            Side::Both => {}
         }
-        if opt_same(ours, base) {
-            return theirs.cloned();
-        }
-        let whole = |conflicts: &mut Vec<Conflict>| {
-            conflicts.push(Conflict {
-                variable: name.to_owned(),
-                chunks: None,
-            })
+        let chunk_level = match (ours, theirs, base) {
+            (Some(o), Some(t), Some(b)) => o.shape == b.shape && t.shape == b.shape,
+            _ => false,
         };
-        // Both sides changed the variable: present on both sides with one layout, or a
-        // conflict of the whole variable.
-        let (o, t) = match (ours, theirs) {
-            (Some(o), Some(t)) if o.shape == t.shape => (o, t),
-            _ => {
-                return match strategy {
-                    MergeStrategy::Ours => ours.cloned(),
-                    MergeStrategy::Theirs => theirs.cloned(),
-                    _ => {
-                        whole(conflicts);
-                        ours.cloned()
-                    }
+        if !chunk_level {
+            return match (strategy, ours, theirs) {
+                (MergeStrategy::Ours, _, _) => ours.cloned(),
+                (MergeStrategy::Theirs, _, _) => theirs.cloned(),
+                (MergeStrategy::Mean, Some(o), Some(t)) if o.shape == t.shape => {
+                    Some(mean_arr(&[o, t], &[1.0, 1.0]))
                 }
-            }
-        };
-        let Some(b) = base.filter(|b| b.shape == o.shape) else {
-            return Some(match strategy {
-                MergeStrategy::Ours => o.clone(),
-                MergeStrategy::Theirs => t.clone(),
-                MergeStrategy::Mean => mean_arr(&[o, t], &[1.0, 1.0]),
                 _ => {
-                    whole(conflicts);
-                    o.clone()
+                    conflicts.push(Conflict {
+                        variable: name.to_owned(),
+                        chunks: None,
+                    });
+                    ours.cloned()
                 }
-            });
-        };
+            };
+        }
+        let (o, t, b) = (ours.unwrap(), theirs.unwrap(), base.unwrap());
         let mut clashing = Vec::new();
-        let chunks: Vec<Vec<f32>> = (0..o.num_chunks())
-            .map(|i| {
-                let (co, ct, cb) = (o.chunk(i), t.chunk(i), b.chunk(i));
-                if bits_eq(co, ct) || bits_eq(ct, cb) {
-                    co.to_vec()
-                } else if bits_eq(co, cb) {
-                    ct.to_vec()
-                } else {
-                    match strategy {
-                        MergeStrategy::Ours => co.to_vec(),
-                        MergeStrategy::Theirs => ct.to_vec(),
-                        MergeStrategy::Mean => mean_of(&[co, ct], &[1.0, 1.0]),
-                        _ => {
-                            clashing.push(i);
-                            co.to_vec()
-                        }
+        let mut chunks: Vec<Vec<f32>> = Vec::new();
+        for i in 0..o.num_chunks() {
+            let (co, ct, cb) = (o.chunk(i), t.chunk(i), b.chunk(i));
+            chunks.push(match three_way(co, ct, cb, bits_eq) {
+                Side::Ours => co.to_vec(),
+                Side::Theirs => ct.to_vec(),
+                Side::Both => match strategy {
+                    MergeStrategy::Ours => co.to_vec(),
+                    MergeStrategy::Theirs => ct.to_vec(),
+                    MergeStrategy::Mean => mean_of(&[co, ct], &[1.0, 1.0]),
+                    _ => {
+                        clashing.push(i);
+                        co.to_vec()
                     }
-                }
-            })
-            .collect();
+                },
+            });
+        }
         if !clashing.is_empty() {
             conflicts.push(Conflict {
                 variable: name.to_owned(),
