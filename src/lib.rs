@@ -149,7 +149,7 @@ pub use meta::{Meta, Value};
 pub use repo::backend::{
     is_not_found, Backend, LocalDir, MemoryBackend, ObjectInfo, PutOutcome, SimBackend,
 };
-#[cfg(feature = "s3")]
+#[cfg(feature = "object-store-client")]
 pub use repo::backend::{ObjectStoreBackend, ObjectStoreOptions, RequestStats, MIN_PART_SIZE};
 pub use repo::{
     open_location, parse_object, GcOptions, GcStats, RefreshStats, SaveStats, DEFAULT_GC_GRACE,

@@ -360,9 +360,61 @@ fn save_as_an_unsupported_url_is_a_clear_error_and_keeps_the_store() {
     let mut s = small_store();
     s.insert("x", &ramp(&[10], 0.0)).unwrap();
     s.commit("c").unwrap();
-    let e = s.save_as("gs://bucket/prefix").unwrap_err();
+    // A provider this build lacks (`gs://` needs the `gcs` feature).
+    let url = if cfg!(feature = "gcs") {
+        "ftp://bucket/prefix"
+    } else {
+        "gs://bucket/prefix"
+    };
+    let e = s.save_as(url).unwrap_err();
     assert!(matches!(e, Error::InvalidArgument { .. }), "{e:?}");
     assert_eq!(s.location(), None);
+}
+
+#[test]
+fn a_url_of_a_provider_this_build_lacks_names_the_feature_it_needs() {
+    for (url, feature, on) in [
+        ("s3://b/x", "`s3`", cfg!(feature = "s3")),
+        ("gs://b/x", "`gcs`", cfg!(feature = "gcs")),
+        ("az://c/x", "`azure`", cfg!(feature = "azure")),
+        ("abfs://c/x", "`azure`", cfg!(feature = "azure")),
+    ] {
+        if on {
+            continue;
+        }
+        let e = tensor_history::open_location(url).unwrap_err();
+        assert!(
+            matches!(&e, Error::InvalidArgument { reason } if reason.contains(feature)),
+            "{url}: {e:?}"
+        );
+    }
+}
+
+#[test]
+fn file_urls_are_local_directories_and_memory_urls_fresh_memory_stores() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("repo");
+    let mut s = small_store();
+    s.insert("x", &ramp(&[10], 0.0)).unwrap();
+    s.commit("c").unwrap();
+    s.save_as(format!("file://{}", path.display())).unwrap();
+    let back = Store::open(&path).unwrap();
+    assert_eq!(back.get::<f32>("x").unwrap(), ramp(&[10], 0.0));
+
+    let e = tensor_history::open_location("file://relative/path").unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument { .. }), "{e:?}");
+
+    let b = tensor_history::open_location("memory://").unwrap();
+    assert!(b.list("").unwrap().is_empty());
+    let mut m = small_store();
+    m.insert("x", &ramp(&[10], 0.0)).unwrap();
+    m.commit("c").unwrap();
+    m.save_as("memory://").unwrap();
+    assert!(
+        m.location().unwrap().starts_with("memory://"),
+        "{:?}",
+        m.location()
+    );
 }
 
 #[test]

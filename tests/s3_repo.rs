@@ -1,9 +1,11 @@
-//! The repository protocol on a real S3 server, with many processes at once: branches
+//! The repository protocol on a real object store, with many processes at once: branches
 //! saved in parallel, races to advance one branch, a worker killed mid-upload, and the
 //! server going away during a save. Worker processes are this test binary run again with
-//! `TH_S3_CHILD` set (see `child_entry`). Needs an S3 server (`TH_S3_BUCKET`, `AWS_*`).
+//! `TH_S3_CHILD` set (see `child_entry`). Each case runs on every provider of the build
+//! whose server is configured (`TH_S3_BUCKET` and `AWS_*`, `TH_AZURE_CONTAINER` and
+//! `AZURE_*`; see `tests/s3_common`).
 
-#![cfg(feature = "s3")]
+#![cfg(any(feature = "s3", feature = "gcs", feature = "azure"))]
 
 use std::process::{Child, Command, ExitStatus};
 use std::sync::Arc;
@@ -16,6 +18,7 @@ use tensor_history::{
 
 mod s3_common;
 use s3_common::proxy::Proxy;
+use s3_common::Tier;
 
 /// Exit codes of a worker.
 const SAVED: i32 = 0;
@@ -149,21 +152,28 @@ fn child_entry() {
     std::process::exit(code);
 }
 
-/// A repository with one commit on main holding `w`.
-fn seeded(what: &str) -> Option<String> {
-    let url = s3_common::s3_location(what)?;
-    let mut s = Store::new();
-    s.insert("w", &values(0, N)).unwrap();
-    s.commit("base").unwrap();
-    s.save_as(&url).unwrap();
-    Some(url)
+/// On each configured provider, a repository with one commit on main holding `w`.
+fn seeded(what: &str) -> Vec<(&'static Tier, String)> {
+    let out = s3_common::locations(what);
+    for (tier, url) in &out {
+        eprintln!("{what} on {}", tier.name);
+        let mut s = Store::new();
+        s.insert("w", &values(0, N)).unwrap();
+        s.commit("base").unwrap();
+        s.save_as(url).unwrap();
+    }
+    out
 }
 
 #[test]
 fn sixteen_processes_save_sixteen_branches_at_once() {
-    let Some(url) = seeded("sixteen") else {
-        return;
-    };
+    for (_, url) in seeded("sixteen") {
+        sixteen_processes_save_sixteen_branches_at_once_on(&url);
+    }
+}
+
+fn sixteen_processes_save_sixteen_branches_at_once_on(url: &str) {
+    let url = url.to_owned();
     let children: Vec<Child> = (0..16)
         .map(|i| spawn_child("branch", &url, &format!("b{i}"), &[]))
         .collect();
@@ -183,9 +193,13 @@ fn sixteen_processes_save_sixteen_branches_at_once() {
 
 #[test]
 fn eight_processes_racing_on_one_branch_have_one_winner_per_round() {
-    let Some(url) = seeded("race") else {
-        return;
-    };
+    for (_, url) in seeded("race") {
+        eight_processes_racing_on_one_branch_have_one_winner_per_round_on(&url);
+    }
+}
+
+fn eight_processes_racing_on_one_branch_have_one_winner_per_round_on(url: &str) {
+    let url = url.to_owned();
     let dir = tempfile::tempdir().unwrap();
     let mut prev_tip = Store::open(&url).unwrap().resolve("main").unwrap();
     for round in 1..=3u64 {
@@ -220,17 +234,25 @@ fn eight_processes_racing_on_one_branch_have_one_winner_per_round() {
 
 #[test]
 fn a_worker_killed_mid_upload_leaves_a_repository_that_opens_and_is_collected() {
-    let Some(url) = seeded("killed") else {
-        return;
-    };
-    let proxy = Proxy::for_env_endpoint();
+    for (tier, url) in seeded("killed") {
+        a_worker_killed_mid_upload_leaves_a_repository_that_opens_and_is_collected_on(tier, &url);
+    }
+}
+
+fn a_worker_killed_mid_upload_leaves_a_repository_that_opens_and_is_collected_on(
+    tier: &Tier,
+    url: &str,
+) {
+    let url = url.to_owned();
+    let endpoint = tier.endpoint();
+    let proxy = Proxy::for_endpoint(&endpoint);
     // 64 MiB of new data: two 32 MiB packs, each a multipart upload. The kill comes once
     // the first pack is complete and the second is part-way.
     let child = spawn_child(
         "big",
         &url,
         &(16 << 20).to_string(),
-        &[("AWS_ENDPOINT_URL", proxy.endpoint())],
+        &[(tier.endpoint_var, proxy.endpoint_like(&endpoint))],
     );
     let start = Instant::now();
     while proxy.bytes_up() < 44 << 20 {
@@ -268,16 +290,26 @@ fn a_worker_killed_mid_upload_leaves_a_repository_that_opens_and_is_collected() 
 
 #[test]
 fn a_server_stopped_during_a_save_loses_nothing_and_the_save_succeeds_after_restart() {
-    let Some(url) = seeded("stopped-save") else {
-        return;
-    };
-    let mut proxy = Proxy::for_env_endpoint();
+    for (tier, url) in seeded("stopped-save") {
+        a_server_stopped_during_a_save_loses_nothing_and_the_save_succeeds_after_restart_on(
+            tier, &url,
+        );
+    }
+}
+
+fn a_server_stopped_during_a_save_loses_nothing_and_the_save_succeeds_after_restart_on(
+    tier: &Tier,
+    url: &str,
+) {
+    let url = url.to_owned();
+    let endpoint = tier.endpoint();
+    let mut proxy = Proxy::for_endpoint(&endpoint);
     let mut opts = ObjectStoreOptions::default();
     opts.max_retries = 2;
     opts.initial_backoff = Duration::from_millis(50);
     opts.max_backoff = Duration::from_millis(200);
     opts.retry_timeout = Duration::from_secs(5);
-    opts.endpoint = Some(proxy.endpoint());
+    opts.endpoint = Some(proxy.endpoint_like(&endpoint));
     let backend: Arc<dyn Backend> = Arc::new(ObjectStoreBackend::open_with(&url, opts).unwrap());
     let mut s = Store::open_backend(backend, Config::default()).unwrap();
     let base = s.resolve("main").unwrap();
@@ -303,10 +335,14 @@ fn a_server_stopped_during_a_save_loses_nothing_and_the_save_succeeds_after_rest
 }
 
 #[test]
-fn gc_on_s3_records_first_and_deletes_only_after_the_grace_period() {
-    let Some(url) = seeded("gc-grace") else {
-        return;
-    };
+fn gc_on_an_object_store_records_first_and_deletes_only_after_the_grace_period() {
+    for (_, url) in seeded("gc-grace") {
+        gc_on_an_object_store_records_first_and_deletes_only_after_the_grace_period_on(&url);
+    }
+}
+
+fn gc_on_an_object_store_records_first_and_deletes_only_after_the_grace_period_on(url: &str) {
+    let url = url.to_owned();
     let mut s = Store::open(&url).unwrap();
     let main = s.resolve("main").unwrap();
     s.branch("tmp", main).unwrap();

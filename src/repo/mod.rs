@@ -27,37 +27,13 @@ use crate::error::{Error, Result};
 use crate::hash::ContentHash;
 use crate::version::VersionId;
 
+pub use backend::open_location;
 use backend::{AlignedBuf, Backend, Bytes, LocalDir};
 pub use format::parse_object;
 use format::{corrupt, pack_key, HeadJson, RefEntry};
 pub use gc::{GcOptions, GcStats, DEFAULT_GC_GRACE};
 pub use open::RefreshStats;
 pub use save::SaveStats;
-
-/// The backend for a location: a path is a local directory ([`LocalDir`], created if
-/// absent); `s3://bucket/prefix` is an object store (with the `s3` feature).
-///
-/// # Errors
-///
-/// [`Error::Io`] if the directory cannot be created; [`Error::InvalidArgument`] for a URL
-/// scheme this build does not support.
-pub fn open_location(location: &str) -> Result<Arc<dyn Backend>> {
-    #[cfg(feature = "s3")]
-    if location.starts_with("s3://") {
-        return Ok(Arc::new(backend::ObjectStoreBackend::open(location)?));
-    }
-    if let Some((scheme, _)) = location.split_once("://") {
-        if scheme.len() >= 2 && scheme.bytes().all(|b| b.is_ascii_alphanumeric()) {
-            return Err(Error::InvalidArgument {
-                reason: format!(
-                    "`{location}`: the `{scheme}://` scheme is not supported by this build \
-                     (object stores need the `s3` feature)"
-                ),
-            });
-        }
-    }
-    Ok(Arc::new(LocalDir::new(location)?))
-}
 
 /// [`open_location`] for a path that may not be UTF-8.
 pub(crate) fn open_path(location: &Path) -> Result<Arc<dyn Backend>> {

@@ -54,17 +54,33 @@ impl Proxy {
 
     /// The proxy for the server named by `AWS_ENDPOINT_URL` (`http://host:port`).
     pub fn for_env_endpoint() -> Proxy {
-        let ep = std::env::var("AWS_ENDPOINT_URL").expect("AWS_ENDPOINT_URL");
-        let hostport = ep
+        Proxy::for_endpoint(&std::env::var("AWS_ENDPOINT_URL").expect("AWS_ENDPOINT_URL"))
+    }
+
+    /// The proxy for the server at `endpoint` (`http://host:port`, maybe with a path).
+    pub fn for_endpoint(endpoint: &str) -> Proxy {
+        let hostport = endpoint
             .strip_prefix("http://")
             .expect("an http:// test endpoint")
-            .trim_end_matches('/');
+            .split('/')
+            .next()
+            .unwrap();
         Proxy::start(hostport)
     }
 
     /// `http://127.0.0.1:<port>`.
     pub fn endpoint(&self) -> String {
         format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// `endpoint` (`http://host:port/path`) with the proxy in place of the server: the
+    /// same path on `http://127.0.0.1:<port>`.
+    pub fn endpoint_like(&self, endpoint: &str) -> String {
+        let rest = endpoint.strip_prefix("http://").unwrap_or(endpoint);
+        match rest.split_once('/') {
+            Some((_, path)) => format!("{}/{path}", self.endpoint()),
+            None => self.endpoint(),
+        }
     }
 
     /// Client-to-server bytes forwarded so far.

@@ -34,10 +34,67 @@ mod sim;
 pub use local::LocalDir;
 pub use memory::MemoryBackend;
 pub use sim::SimBackend;
-#[cfg(feature = "s3")]
+#[cfg(feature = "object-store-client")]
 mod object;
-#[cfg(feature = "s3")]
+#[cfg(feature = "object-store-client")]
 pub use object::{ObjectStoreBackend, ObjectStoreOptions, RequestStats, MIN_PART_SIZE};
+
+/// The backend for a location, the one place where a location's scheme is read:
+///
+/// | location | backend |
+/// | --- | --- |
+/// | a path, or `file:///absolute/path` | [`LocalDir`], created if absent |
+/// | `memory://` | a new, empty [`MemoryBackend`] |
+/// | `s3://bucket/prefix` (feature `s3`), `gs://bucket/prefix` (feature `gcs`), `az://container/prefix` or `abfs://...` (feature `azure`), and the `https://` forms `object_store` recognises | an object store (`ObjectStoreBackend`, configured from the environment) |
+///
+/// Object-store URLs are recognised by `object_store`'s URL parsing
+/// (`ObjectStoreScheme`). `file://` is a [`LocalDir`] rather than `object_store`'s local
+/// file system because the repository's durability rests on the directory's fsyncs.
+///
+/// # Errors
+///
+/// [`Error::Io`] if the directory cannot be created or an object-store client cannot be
+/// configured; [`Error::InvalidArgument`] for a malformed URL or a scheme this build
+/// does not support (naming the cargo feature that would).
+pub fn open_location(location: &str) -> Result<Arc<dyn Backend>> {
+    let Some((scheme, rest)) = location.split_once("://") else {
+        return Ok(Arc::new(LocalDir::new(location)?));
+    };
+    if scheme.len() < 2 || !scheme.bytes().all(|b| b.is_ascii_alphanumeric()) {
+        // `C://x` on Windows, or a relative path that happens to hold `://`.
+        return Ok(Arc::new(LocalDir::new(location)?));
+    }
+    match scheme {
+        "file" => match rest.strip_prefix("localhost").unwrap_or(rest) {
+            path if path.starts_with('/') => Ok(Arc::new(LocalDir::new(path)?)),
+            _ => Err(Error::InvalidArgument {
+                reason: format!("`{location}`: a file:// URL needs an absolute path"),
+            }),
+        },
+        "memory" => Ok(Arc::new(MemoryBackend::new())),
+        _ => open_object_store(location, scheme),
+    }
+}
+
+#[cfg(feature = "object-store-client")]
+fn open_object_store(location: &str, _scheme: &str) -> Result<Arc<dyn Backend>> {
+    Ok(Arc::new(ObjectStoreBackend::open(location)?))
+}
+
+#[cfg(not(feature = "object-store-client"))]
+fn open_object_store(location: &str, scheme: &str) -> Result<Arc<dyn Backend>> {
+    let feature = match scheme {
+        "s3" | "s3a" => " (it needs the `s3` feature)",
+        "gs" => " (it needs the `gcs` feature)",
+        "az" | "adl" | "azure" | "abfs" | "abfss" => " (it needs the `azure` feature)",
+        _ => " (object stores need the `s3`, `gcs` or `azure` feature)",
+    };
+    Err(Error::InvalidArgument {
+        reason: format!(
+            "`{location}`: the `{scheme}://` scheme is not supported by this build{feature}"
+        ),
+    })
+}
 
 /// What a create-if-absent write found.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

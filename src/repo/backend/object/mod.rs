@@ -1,4 +1,18 @@
-//! [`ObjectStoreBackend`]: a repository on S3-compatible object storage (feature `s3`).
+//! [`ObjectStoreBackend`]: a repository on object storage (features `s3`, `gcs`,
+//! `azure`), generic over `object_store`'s [`ObjectStore`].
+//!
+//! The protocol needs of a store only what every provider offers: whole and ranged reads,
+//! writes, a create-if-absent write ([`PutMode::Create`]), listing and deletion. What
+//! differs between providers, how a client is configured and the multipart limits, lives
+//! in one file each: `s3.rs` (Amazon S3 and S3-compatible servers), `gcs.rs` (Google
+//! Cloud Storage), `azure.rs` (Azure Blob Storage). Each client is configured from the
+//! environment as `object_store`'s `from_env` builders do:
+//!
+//! | provider | variables |
+//! | --- | --- |
+//! | S3 | `AWS_ENDPOINT_URL`, `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`, `AWS_REGION` (default `us-east-1`), `AWS_ALLOW_HTTP`, other `AWS_*` |
+//! | Google Cloud Storage | `GOOGLE_SERVICE_ACCOUNT` / `GOOGLE_APPLICATION_CREDENTIALS`, `GOOGLE_SERVICE_ACCOUNT_KEY`, `GOOGLE_BASE_URL`, `GOOGLE_ALLOW_HTTP`, other `GOOGLE_*` |
+//! | Azure | `AZURE_STORAGE_ACCOUNT_NAME`, `AZURE_STORAGE_ACCOUNT_KEY`, `AZURE_STORAGE_SAS_KEY`, `AZURE_STORAGE_ENDPOINT`, `AZURE_ALLOW_HTTP`, `AZURE_STORAGE_USE_EMULATOR`, other `AZURE_*` |
 //!
 //! The [`Backend`] trait is synchronous; `object_store` is async. The backend owns a
 //! private tokio runtime and runs every request on it, so callers need no runtime of
@@ -9,13 +23,16 @@
 //!
 //! # Requests
 //!
+//! As sent to S3 (Google Cloud Storage's XML API sends the same; Azure lists with
+//! `comp=list` and uploads a large object as blocks and a block list, all PUTs):
+//!
 //! | trait call | requests |
 //! | --- | --- |
 //! | `get` | one GET |
 //! | `get_range` | one ranged GET (`Range: bytes=a-b`) |
 //! | `put` up to `part_size` | one PUT |
 //! | `put` above `part_size` | multipart: one POST, one PUT per part (up to `max_concurrent_parts` at once), one POST |
-//! | `put_if_absent` | one PUT with `If-None-Match: *`; if the object exists, one GET to tell a lost response of our own write from another writer's object |
+//! | `put_if_absent` | one conditional PUT; if the object exists, one GET to tell a lost response of our own write from another writer's object |
 //! | `list` | one GET per 1,000 keys |
 //! | `delete` | one DELETE |
 //! | `barrier` | none: an acknowledged PUT is already durable |
@@ -32,27 +49,32 @@ use std::sync::{Arc, Once};
 use std::time::Duration;
 
 use futures_util::TryStreamExt;
-use object_store::aws::AmazonS3Builder;
 use object_store::client::{HttpClient, HttpConnector, HttpError, HttpRequest, HttpResponse};
 use object_store::client::{HttpService, ReqwestConnector};
 use object_store::path::Path;
 use object_store::{
-    BackoffConfig, ClientOptions, GetOptions, GetRange, ObjectStore, ObjectStoreExt, PutMode,
-    PutOptions, PutPayload, RetryConfig, WriteMultipart,
+    BackoffConfig, ClientOptions, GetOptions, GetRange, ObjectStore, ObjectStoreExt,
+    ObjectStoreScheme, PutMode, PutOptions, PutPayload, RetryConfig, WriteMultipart,
 };
 
 use super::{AlignedBuf, Backend, Bytes, ObjectInfo, PutOutcome};
 use crate::error::{Error, Result};
 
-/// The smallest part S3 accepts in a multipart upload (all parts but the last).
-pub const MIN_PART_SIZE: usize = 5 << 20;
+mod azure;
+mod gcs;
+mod s3;
 
-/// Tuning of an [`ObjectStoreBackend`]. `Default` suits S3 and S3-compatible servers.
+/// The smallest part S3 (and Google Cloud Storage) accept in a multipart upload (all
+/// parts but the last); Azure has no minimum.
+pub const MIN_PART_SIZE: usize = s3::MIN_PART_SIZE;
+
+/// Tuning of an [`ObjectStoreBackend`]. `Default` suits every provider.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct ObjectStoreOptions {
     /// Objects larger than this go up as a multipart upload of parts of this size.
-    /// At least [`MIN_PART_SIZE`]. Default 8 MiB.
+    /// At least the provider's minimum ([`MIN_PART_SIZE`] on S3 and Google Cloud Storage,
+    /// 1 byte on Azure). Default 8 MiB.
     pub part_size: usize,
     /// Parts of one multipart upload in flight at once. Default 4.
     pub max_concurrent_parts: usize,
@@ -64,7 +86,9 @@ pub struct ObjectStoreOptions {
     pub initial_backoff: Duration,
     /// The longest backoff between two attempts. Default 5 s.
     pub max_backoff: Duration,
-    /// The server's URL, instead of `AWS_ENDPOINT_URL` (for S3-compatible servers). An
+    /// The service's URL, instead of the environment's (`AWS_ENDPOINT_URL` on S3,
+    /// `GOOGLE_BASE_URL` on Google Cloud Storage, `AZURE_STORAGE_ENDPOINT` on Azure, where
+    /// it names the account: `http://127.0.0.1:10000/devstoreaccount1` for Azurite). An
     /// `http://` URL allows plain HTTP. Default `None`.
     pub endpoint: Option<String>,
 }
@@ -84,11 +108,13 @@ impl Default for ObjectStoreOptions {
 }
 
 impl ObjectStoreOptions {
-    fn validate(&self) -> Result<()> {
-        if self.part_size < MIN_PART_SIZE {
+    /// Check the options against a provider whose multipart parts are at least
+    /// `min_part_size` bytes.
+    fn validate(&self, min_part_size: usize) -> Result<()> {
+        if self.part_size < min_part_size {
             return Err(Error::InvalidArgument {
                 reason: format!(
-                    "part_size {} is below the {MIN_PART_SIZE}-byte minimum of S3 multipart uploads",
+                    "part_size {} is below the {min_part_size}-byte minimum of this store's multipart uploads",
                     self.part_size
                 ),
             });
@@ -121,11 +147,12 @@ impl ObjectStoreOptions {
 pub struct RequestStats {
     /// GET requests for object data (whole or ranged).
     pub gets: u64,
-    /// List requests (GET with `list-type`).
+    /// List requests (GET with `list-type` on S3 and Google Cloud Storage, `comp=list` on
+    /// Azure).
     pub lists: u64,
-    /// PUT requests (single objects and multipart parts).
+    /// PUT requests (single objects, multipart parts; Azure's blocks and block list).
     pub puts: u64,
-    /// POST requests (multipart create and complete).
+    /// POST requests (S3 and Google Cloud Storage multipart create and complete).
     pub posts: u64,
     /// HEAD requests.
     pub heads: u64,
@@ -200,7 +227,15 @@ impl HttpService for CountingService {
     async fn call(&self, req: HttpRequest) -> std::result::Result<HttpResponse, HttpError> {
         let c = &self.counters;
         let counter = match req.method().as_str() {
-            "GET" if req.uri().query().is_some_and(|q| q.contains("list-type")) => &c.lists,
+            // S3 and Google Cloud Storage list with `list-type=2`, Azure with `comp=list`.
+            "GET"
+                if req
+                    .uri()
+                    .query()
+                    .is_some_and(|q| q.contains("list-type") || q.contains("comp=list")) =>
+            {
+                &c.lists
+            }
             "GET" => &c.gets,
             "PUT" => &c.puts,
             "POST" => &c.posts,
@@ -230,14 +265,17 @@ impl HttpConnector for CountingConnector {
     }
 }
 
-/// A repository's objects in a bucket of S3-compatible object storage, under a key prefix.
+/// A repository's objects in a bucket (or container) of object storage, under a key
+/// prefix: any [`ObjectStore`], built from a URL by [`open`](ObjectStoreBackend::open) or
+/// handed over by [`from_object_store`](ObjectStoreBackend::from_object_store).
 ///
 /// Synchronous, with a private tokio runtime (see the module docs); safe to share between
 /// threads and to call from inside another tokio runtime. Keys map to object names
 /// `<prefix>/<key>`.
 ///
-/// `put_if_absent` is S3's conditional PUT (`If-None-Match: *`): of concurrent writers of
-/// one key exactly one creates it. When the answer to our own successful PUT is lost and
+/// `put_if_absent` is the store's create-if-absent write ([`PutMode::Create`]: on S3 a
+/// PUT with `If-None-Match: *`, on Google Cloud Storage `x-goog-if-generation-match: 0`,
+/// on Azure `If-None-Match: *`): of concurrent writers of one key exactly one creates it. When the answer to our own successful PUT is lost and
 /// the retry finds the object, the object is read back: if it holds exactly our bytes the
 /// outcome is `Created` (the bytes a caller wanted are there, whoever wrote them).
 pub struct ObjectStoreBackend {
@@ -270,28 +308,107 @@ impl Drop for ObjectStoreBackend {
     }
 }
 
-/// Split `s3://bucket/prefix` into the bucket and a prefix that is empty or ends in `/`.
-fn parse_s3_url(url: &str) -> Result<(String, String)> {
+/// The object-storage providers this backend knows, each behind its cargo feature.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Provider {
+    /// Amazon S3 and S3-compatible servers (feature `s3`).
+    S3,
+    /// Google Cloud Storage (feature `gcs`).
+    Gcs,
+    /// Azure Blob Storage (feature `azure`).
+    Azure,
+}
+
+impl Provider {
+    /// The cargo feature that builds this provider's client.
+    fn feature(self) -> &'static str {
+        match self {
+            Provider::S3 => "s3",
+            Provider::Gcs => "gcs",
+            Provider::Azure => "azure",
+        }
+    }
+
+    /// The smallest part of a multipart upload (all parts but the last).
+    fn min_part_size(self) -> usize {
+        match self {
+            Provider::S3 => s3::MIN_PART_SIZE,
+            Provider::Gcs => gcs::MIN_PART_SIZE,
+            Provider::Azure => azure::MIN_PART_SIZE,
+        }
+    }
+
+    /// This provider's client for `url`, configured from the environment, then from
+    /// `options` (retries, endpoint), sending its requests through `connector`.
+    #[allow(unused_variables)]
+    fn build(
+        self,
+        url: &str,
+        options: &ObjectStoreOptions,
+        connector: CountingConnector,
+    ) -> Result<Arc<dyn ObjectStore>> {
+        let built: std::result::Result<Arc<dyn ObjectStore>, object_store::Error> = match self {
+            #[cfg(feature = "s3")]
+            Provider::S3 => s3::build(url, options, connector),
+            #[cfg(feature = "gcs")]
+            Provider::Gcs => gcs::build(url, options, connector),
+            #[cfg(feature = "azure")]
+            Provider::Azure => azure::build(url, options, connector),
+            #[allow(unreachable_patterns)]
+            _ => {
+                return Err(Error::InvalidArgument {
+                    reason: format!(
+                        "`{url}`: this build has no {self:?} client (it needs the `{}` feature)",
+                        self.feature()
+                    ),
+                })
+            }
+        };
+        built.map_err(|e| io_error(url, &e))
+    }
+}
+
+/// The provider of an object-store URL (recognised by `object_store`'s
+/// [`ObjectStoreScheme`]) and the key prefix it names: empty or ending in `/`.
+fn parse_location(location: &str) -> Result<(Provider, String)> {
     let invalid = |why: &str| Error::InvalidArgument {
-        reason: format!("`{url}` is not an S3 location ({why}); expected s3://bucket/prefix"),
+        reason: format!(
+            "`{location}` is not an object-store location ({why}); expected \
+             s3://bucket/prefix, gs://bucket/prefix or az://container/prefix"
+        ),
     };
-    let rest = url
-        .strip_prefix("s3://")
-        .ok_or_else(|| invalid("no s3:// scheme"))?;
-    let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
-    if bucket.is_empty() {
+    let (_, rest) = location
+        .split_once("://")
+        .ok_or_else(|| invalid("no scheme"))?;
+    // The URL parser resolves `.` and `..` and keeps empty segments silently: check the
+    // path as written first.
+    let (authority, raw_path) = rest.split_once('/').unwrap_or((rest, ""));
+    if authority.is_empty() {
         return Err(invalid("no bucket"));
     }
-    let prefix = prefix.trim_matches('/');
-    if prefix.split('/').any(|s| s == "." || s == "..") || prefix.contains("//") {
+    if raw_path.contains(['?', '#']) {
+        return Err(invalid("a query or fragment"));
+    }
+    let raw_path = raw_path.trim_matches('/');
+    if raw_path.split('/').any(|s| s == "." || s == "..") || raw_path.contains("//") {
         return Err(invalid("`.`, `..` or an empty segment in the prefix"));
     }
+    let url = url::Url::parse(location).map_err(|e| invalid(&e.to_string()))?;
+    let (scheme, path) =
+        ObjectStoreScheme::parse(&url).map_err(|_| invalid("not an object-store URL"))?;
+    let provider = match scheme {
+        ObjectStoreScheme::AmazonS3 => Provider::S3,
+        ObjectStoreScheme::GoogleCloudStorage => Provider::Gcs,
+        ObjectStoreScheme::MicrosoftAzure => Provider::Azure,
+        other => return Err(invalid(&format!("{other:?} is not an object store"))),
+    };
+    let prefix = path.as_ref();
     let prefix = if prefix.is_empty() {
         String::new()
     } else {
         format!("{prefix}/")
     };
-    Ok((bucket.to_owned(), prefix))
+    Ok((provider, prefix))
 }
 
 /// Install `ring` as the process's rustls provider unless one is installed already
@@ -305,16 +422,21 @@ fn install_tls_provider() {
 }
 
 impl ObjectStoreBackend {
-    /// The repository at `s3://bucket/prefix`, configured from the environment:
-    /// `AWS_ENDPOINT_URL` (for S3-compatible servers), `AWS_ACCESS_KEY_ID`,
-    /// `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`, `AWS_REGION`, `AWS_ALLOW_HTTP=true`
-    /// (plain HTTP, for a local test server) and the other `AWS_*` variables
-    /// `object_store` reads. No request is sent. O(1).
+    /// The repository at an object-store URL, its client configured from the
+    /// environment as `object_store`'s `from_env` builders do (the variables of each
+    /// provider are listed in the [module docs](self)). No request is sent. O(1).
+    ///
+    /// | URL | provider | feature |
+    /// | --- | --- | --- |
+    /// | `s3://bucket/prefix` (also `s3a://`, `https://s3.<region>.amazonaws.com/bucket/prefix`) | Amazon S3 or an S3-compatible server | `s3` |
+    /// | `gs://bucket/prefix` | Google Cloud Storage | `gcs` |
+    /// | `az://container/prefix`, `abfs[s]://container@account.dfs.core.windows.net/prefix`, `https://account.blob.core.windows.net/container/prefix` | Azure Blob Storage | `azure` |
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidArgument`] for a malformed URL; [`Error::Io`] if the client cannot
-    /// be configured (a malformed variable, no region).
+    /// [`Error::InvalidArgument`] for a malformed URL or one whose provider this build
+    /// lacks; [`Error::Io`] if the client cannot be configured (a malformed variable,
+    /// missing credentials or account).
     pub fn open(url: &str) -> Result<ObjectStoreBackend> {
         ObjectStoreBackend::open_with(url, ObjectStoreOptions::default())
     }
@@ -325,40 +447,26 @@ impl ObjectStoreBackend {
     ///
     /// As `open`, and [`Error::InvalidArgument`] for options out of range.
     pub fn open_with(url: &str, options: ObjectStoreOptions) -> Result<ObjectStoreBackend> {
-        options.validate()?;
-        let (bucket, prefix) = parse_s3_url(url)?;
+        let (provider, prefix) = parse_location(url)?;
+        options.validate(provider.min_part_size())?;
         install_tls_provider();
         let counters = Arc::new(Counters::default());
-        let mut builder = AmazonS3Builder::from_env()
-            .with_bucket_name(&bucket)
-            .with_retry(options.retry_config())
-            .with_http_connector(CountingConnector {
-                counters: Arc::clone(&counters),
-            });
-        if let Some(endpoint) = &options.endpoint {
-            builder = builder.with_endpoint(endpoint);
-            if endpoint.starts_with("http://") {
-                builder = builder.with_allow_http(true);
-            }
-        }
-        if std::env::var_os("AWS_REGION").is_none()
-            && std::env::var_os("AWS_DEFAULT_REGION").is_none()
-        {
-            builder = builder.with_region("us-east-1");
-        }
-        let store = builder.build().map_err(|e| io_error(url, &e))?;
-        let location = format!("s3://{bucket}/{}", prefix.trim_end_matches('/'));
-        let location = location.trim_end_matches('/').to_owned();
-        ObjectStoreBackend::with_parts(Arc::new(store), prefix, location, options, counters)
+        let connector = CountingConnector {
+            counters: Arc::clone(&counters),
+        };
+        let store = provider.build(url, &options, connector)?;
+        let location = url.trim_end_matches('/').to_owned();
+        ObjectStoreBackend::with_parts(store, prefix, location, options, counters)
     }
 
-    /// A backend over any `object_store` store (GCS, Azure, a local file system, memory),
-    /// with keys under `prefix`. Requests are counted only for stores built by
-    /// [`open`](ObjectStoreBackend::open). O(1).
+    /// A backend over any `object_store` store (a local file system, memory, or a client
+    /// built by hand), with keys under `prefix`. Requests are counted only for stores
+    /// built by [`open`](ObjectStoreBackend::open). O(1).
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidArgument`] for options out of range or a prefix with `.`, `..` or
+    /// [`Error::InvalidArgument`] for options out of range (`part_size` below
+    /// [`MIN_PART_SIZE`], the strictest provider's minimum) or a prefix with `.`, `..` or
     /// empty segments; [`Error::Io`] if the runtime cannot start.
     pub fn from_object_store(
         store: Arc<dyn ObjectStore>,
@@ -366,8 +474,18 @@ impl ObjectStoreBackend {
         location: &str,
         options: ObjectStoreOptions,
     ) -> Result<ObjectStoreBackend> {
-        options.validate()?;
-        let (_, prefix) = parse_s3_url(&format!("s3://b/{prefix}"))?;
+        options.validate(MIN_PART_SIZE)?;
+        let prefix = prefix.trim_matches('/');
+        if prefix.split('/').any(|s| s == "." || s == "..") || prefix.contains("//") {
+            return Err(Error::InvalidArgument {
+                reason: format!("`{prefix}`: `.`, `..` or an empty segment in the prefix"),
+            });
+        }
+        let prefix = if prefix.is_empty() {
+            String::new()
+        } else {
+            format!("{prefix}/")
+        };
         ObjectStoreBackend::with_parts(
             store,
             prefix,
@@ -720,7 +838,8 @@ impl Backend for ObjectStoreBackend {
     }
 
     fn barrier(&self) -> Result<()> {
-        // An acknowledged PUT (or completed multipart upload) is durable on S3.
+        // An acknowledged PUT (or completed multipart upload) is durable on S3, Google
+        // Cloud Storage and Azure.
         Ok(())
     }
 
@@ -734,21 +853,38 @@ mod tests {
     use super::*;
 
     #[test]
-    fn s3_urls_split_into_bucket_and_prefix() {
-        let p = |u: &str| parse_s3_url(u).map_err(|e| e.to_string());
-        assert_eq!(p("s3://b").unwrap(), ("b".into(), String::new()));
-        assert_eq!(p("s3://b/").unwrap(), ("b".into(), String::new()));
-        assert_eq!(p("s3://b/x/y/").unwrap(), ("b".into(), "x/y/".into()));
-        assert_eq!(p("s3://b/x").unwrap(), ("b".into(), "x/".into()));
+    fn object_store_urls_split_into_provider_and_prefix() {
+        let p = |u: &str| parse_location(u).map_err(|e| e.to_string());
+        assert_eq!(p("s3://b").unwrap(), (Provider::S3, String::new()));
+        assert_eq!(p("s3://b/").unwrap(), (Provider::S3, String::new()));
+        assert_eq!(p("s3://b/x/y/").unwrap(), (Provider::S3, "x/y/".into()));
+        assert_eq!(p("s3://b/x").unwrap(), (Provider::S3, "x/".into()));
+        assert_eq!(p("s3a://b/x").unwrap(), (Provider::S3, "x/".into()));
+        assert_eq!(p("gs://b/x/y").unwrap(), (Provider::Gcs, "x/y/".into()));
+        assert_eq!(p("az://c/x").unwrap(), (Provider::Azure, "x/".into()));
+        assert_eq!(
+            p("abfs://c@acct.dfs.core.windows.net/x").unwrap(),
+            (Provider::Azure, "x/".into())
+        );
+        assert_eq!(
+            p("https://acct.blob.core.windows.net/c/x").unwrap(),
+            (Provider::Azure, "x/".into())
+        );
         for bad in [
             "s3://",
             "s3:///x",
             "http://b/x",
+            "file:///tmp/x",
+            "memory:///x",
             "s3://b/x//y",
             "s3://b/../x",
+            "gs://b/./x",
+            "az://c/x?y=1",
+            "ftp://b/x",
+            "s3//b/x",
         ] {
             assert!(
-                matches!(parse_s3_url(bad), Err(Error::InvalidArgument { .. })),
+                matches!(parse_location(bad), Err(Error::InvalidArgument { .. })),
                 "{bad}"
             );
         }
