@@ -108,15 +108,15 @@ impl Tier {
 /// `.ci/run` starts emulators for S3 and Azure; Google Cloud Storage runs on a real
 /// bucket named by `TH_GCS_BUCKET`).
 pub fn tiers() -> Vec<&'static Tier> {
-    #[allow(unused_mut)]
-    let mut out: Vec<&'static Tier> = Vec::new();
-    #[cfg(feature = "s3")]
-    out.push(&S3);
-    #[cfg(feature = "gcs")]
-    out.push(&GCS);
-    #[cfg(feature = "azure")]
-    out.push(&AZURE);
-    out
+    [
+        (&S3, cfg!(feature = "s3")),
+        (&GCS, cfg!(feature = "gcs")),
+        (&AZURE, cfg!(feature = "azure")),
+    ]
+    .into_iter()
+    .filter(|(_, on)| *on)
+    .map(|(t, _)| t)
+    .collect()
 }
 
 /// A fresh location on each configured provider of this build.
