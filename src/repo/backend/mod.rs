@@ -21,6 +21,7 @@
 
 use std::fmt;
 use std::ops::Range;
+use std::sync::Arc;
 use std::time::SystemTime;
 
 pub(crate) use crate::buffer::AlignedBuf;
