@@ -257,6 +257,16 @@ pub enum Error {
         /// repository deleted the branch.
         theirs: Option<ContentHash>,
     },
+    /// The repository this store saves to was deleted, or replaced by another one, since
+    /// the store connected to it: nothing was written. Open the location again (or
+    /// `save_as` it) to start over there.
+    #[error("the repository at `{}` {}", escape(.location), escape(.reason))]
+    RepositoryReplaced {
+        /// Where the store saves.
+        location: String,
+        /// What was found (`is gone (no config.json)`, `was replaced by another one`).
+        reason: String,
+    },
     /// A file given to `import_safetensors` is not a valid safetensors file (a header
     /// that is too small, too large, not JSON, or offsets that do not cover the data).
     /// Nothing was imported.

@@ -499,6 +499,26 @@ pub(crate) fn parse_pack(
 pub(crate) struct ConfigJson {
     pub(crate) format: String,
     pub(crate) version: u64,
+    /// A random id given at creation, so that a store can tell a repository created
+    /// again at the same location from the one it connected to (absent in older ones).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) id: Option<String>,
+}
+
+/// A new repository id: 32 hex digits, from the time, the process and a counter.
+pub(crate) fn new_repository_id() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let mut h = blake3::Hasher::new();
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    h.update(&nanos.to_le_bytes());
+    h.update(&std::process::id().to_le_bytes());
+    h.update(&COUNTER.fetch_add(1, Ordering::Relaxed).to_le_bytes());
+    let local = 0u8;
+    h.update(&(std::ptr::addr_of!(local) as usize).to_le_bytes());
+    h.finalize().to_hex()[..32].to_owned()
 }
 
 /// One entry of a ref's log.

@@ -381,6 +381,8 @@ pub(crate) struct Bound {
     pub(crate) generation: u64,
     /// The gc records (keys) seen: one that disappears means a gc run deleted objects.
     pub(crate) records_seen: HashSet<String>,
+    /// `config.json` as read at connect: saves check that it is still there, unchanged.
+    pub(crate) config: Vec<u8>,
 }
 
 impl fmt::Debug for Bound {
@@ -417,7 +419,27 @@ impl Bound {
             gone: HashSet::new(),
             generation: 0,
             records_seen: HashSet::new(),
+            config: Vec::new(),
         }
+    }
+
+    /// [`Error::RepositoryReplaced`] if `config.json` is gone (the repository was
+    /// deleted) or differs from the one read at connect (another repository was created
+    /// at the location): a save must not write into a repository it did not connect to,
+    /// nor report success for objects written where no repository is. One small read.
+    pub(crate) fn check_config(&self) -> Result<()> {
+        let reason = match self.backend.get(format::CONFIG_KEY) {
+            Ok(bytes) if *bytes == *self.config => return Ok(()),
+            Ok(_) => "was replaced by another repository since this store connected to it",
+            Err(e) if backend::is_not_found(&e) => {
+                "is gone (no config.json): it was deleted since this store connected to it"
+            }
+            Err(e) => return Err(e),
+        };
+        Err(Error::RepositoryReplaced {
+            location: self.location.clone(),
+            reason: reason.into(),
+        })
     }
 
     /// The one shared handle of stored chunk `id` of `len` bytes.

@@ -130,6 +130,7 @@ impl Bound {
                 let body = to_json(&ConfigJson {
                     format: FORMAT_NAME.into(),
                     version: u64::from(FORMAT_VERSION),
+                    id: Some(super::format::new_repository_id()),
                 });
                 match backend.put_if_absent(CONFIG_KEY, &body)? {
                     PutOutcome::Created => {}
@@ -139,6 +140,7 @@ impl Bound {
             }
             Err(e) => return Err(e),
         };
+        let config_bytes = config.to_vec();
         let config: ConfigJson =
             parse_json(CONFIG_KEY, &config).map_err(|_| Error::UnsupportedFormat {
                 path: CONFIG_KEY.into(),
@@ -151,6 +153,7 @@ impl Bound {
             });
         }
         let mut b = Bound::new(backend);
+        b.config = config_bytes;
         b.refs_seen = read_refs(&*b.backend)?;
         b.head_seen = match b.backend.get(HEAD_KEY) {
             // HEAD is replaced in place (write and rename); a power loss can leave it torn.
@@ -707,6 +710,7 @@ fn pick_head(hist: &History, b: &Bound) -> Head {
 }
 
 fn refresh_into(store: &mut Store, b: &mut Bound) -> Result<RefreshStats> {
+    b.check_config()?;
     b.catch_up()?;
     super::generation::forget_collected(&mut store.hist, b);
     let refs = read_refs(&*b.backend)?;

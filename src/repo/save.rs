@@ -311,6 +311,8 @@ impl Store {
     /// repository whose name does not fit this one's keys (every other ref, HEAD and
     /// prune markers are saved). A ref that fails to write never keeps the others from
     /// being written.
+    /// [`Error::RepositoryReplaced`] if the repository was deleted or replaced by another
+    /// one since this store connected (no ref is written).
     pub fn save(&mut self) -> Result<SaveStats> {
         let mut bound = self.repo.take().ok_or_else(|| Error::InvalidArgument {
             reason: "this store has no repository: use save_as or open".into(),
@@ -474,6 +476,7 @@ fn save_into(hist: &mut History, b: &mut Bound) -> Result<Saved> {
     let mut round = 0;
     loop {
         round += 1;
+        b.check_config()?;
         // What other processes wrote since: index files, gc records and generation (a
         // gc that deleted objects since makes the store forget them first). Objects a
         // record lists are written again rather than reused, so that a gc that recorded
@@ -502,6 +505,9 @@ fn save_into(hist: &mut History, b: &mut Bound) -> Result<Saved> {
             });
         }
     }
+    // Once more before the refs: a repository deleted while this save wrote its objects
+    // gets no refs (the objects went into an empty location).
+    b.check_config()?;
     write_refs(hist, b, stats)
 }
 

@@ -173,6 +173,10 @@ pub(crate) fn to_py(e: Error) -> PyErr {
                     ("dtype", obj(py, dtype.name())),
                 ],
             ),
+            Error::RepositoryReplaced { location, reason } => (
+                "RepositoryReplaced",
+                vec![("location", obj(py, location)), ("reason", obj(py, reason))],
+            ),
             Error::TooManyDims { name, dims, max } => (
                 "TooManyDims",
                 vec![

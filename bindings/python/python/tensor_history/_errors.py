@@ -160,6 +160,11 @@ class TooLarge(TensorHistoryError, ValueError):
     """A tensor larger than memory can address (``shape``, ``dtype``)."""
 
 
+class RepositoryReplaced(TensorHistoryError, OSError):
+    """The repository a store saves to was deleted or replaced since it connected
+    (``location``, ``reason``); nothing was written."""
+
+
 class TooManyDims(TensorHistoryError, ValueError):
     """A tensor with more axes than a repository holds (``name``, ``dims``, ``max``)."""
 
