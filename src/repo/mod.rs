@@ -383,6 +383,10 @@ pub(crate) struct Bound {
     pub(crate) records_seen: HashSet<String>,
     /// `config.json` as read at connect: saves check that it is still there, unchanged.
     pub(crate) config: Vec<u8>,
+    /// The `seq` each version was first written with, where the store gave it another id
+    /// (renumbered at open): written again anywhere, a version keeps its content address.
+    /// Carried over by `save_as` to the next repository.
+    pub(crate) seqs: HashMap<VersionId, u64>,
 }
 
 impl fmt::Debug for Bound {
@@ -420,6 +424,7 @@ impl Bound {
             generation: 0,
             records_seen: HashSet::new(),
             config: Vec::new(),
+            seqs: HashMap::new(),
         }
     }
 

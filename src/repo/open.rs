@@ -496,6 +496,9 @@ fn insert_versions(hist: &mut History, b: &mut Bound, mut loaded: Loaded) -> usi
         } else {
             floor
         };
+        if id != body.seq {
+            b.seqs.insert(VersionId(id), body.seq);
+        }
         while (hist.nodes.len() as u64) < id {
             hist.nodes.push(None);
         }

@@ -121,7 +121,7 @@ fn version_object(
     hash_of: impl Fn(VersionId) -> Option<ContentHash>,
     manifest_of: &mut impl FnMut(&str, &Tensor) -> Result<ContentHash>,
 ) -> Result<(Vec<u8>, ContentHash, Vec<ContentHash>)> {
-    version_object_with(hist, id, None, hash_of, manifest_of)
+    version_object_with(hist, id, id.0, None, hash_of, manifest_of)
 }
 
 /// [`version_object`] with the parents' content addresses given (`parents`), or taken
@@ -129,6 +129,7 @@ fn version_object(
 fn version_object_with(
     hist: &History,
     id: VersionId,
+    seq: u64,
     parents: Option<Vec<ContentHash>>,
     hash_of: impl Fn(VersionId) -> Option<ContentHash>,
     manifest_of: &mut impl FnMut(&str, &Tensor) -> Result<ContentHash>,
@@ -148,7 +149,7 @@ fn version_object_with(
     };
     let (time_secs, time_nanos) = time_parts(node.time);
     let body = VersionBody {
-        seq: id.0,
+        seq,
         parents: parents.iter().map(|p| p.0).collect(),
         time_secs,
         time_nanos,
@@ -350,7 +351,10 @@ impl Store {
     ///
     /// As for [`save_as`](Store::save_as).
     pub fn save_to(&mut self, backend: Arc<dyn Backend>) -> Result<SaveStats> {
-        let bound = Bound::connect(backend)?;
+        let mut bound = Bound::connect(backend)?;
+        if let Some(old) = &self.repo {
+            bound.seqs.clone_from(&old.seqs);
+        }
         let old = self.repo.replace(Box::new(bound));
         match self.save() {
             // A conflict or a ref name too long comes after every other ref was saved:
@@ -605,8 +609,10 @@ fn write_objects(hist: &History, b: &mut Bound, stats: &mut SaveStats) -> Result
             None => None,
         };
         let hash_of = |p: VersionId| b.saved.get(&p).or_else(|| new_versions.get(&p)).copied();
+        // A version keeps the `seq` it was first written with (its content address).
+        let seq = b.seqs.get(v).copied().unwrap_or(v.0);
         let (bytes, id, parents) =
-            version_object_with(hist, *v, original, hash_of, &mut put_manifest)?;
+            version_object_with(hist, *v, seq, original, hash_of, &mut put_manifest)?;
         backend.put(&version_key(&id), &bytes)?;
         stats.versions_written += 1;
         stats.bytes_written += bytes.len() as u64;
