@@ -4,9 +4,8 @@ use std::ops::Range;
 
 use crate::element::DType;
 use crate::hash::ContentHash;
-use crate::history::RefKind;
 use crate::text::escape;
-use crate::version::{ParseVersionIdError, VersionId};
+use crate::version::{ParseVersionIdError, RefKind, VersionId};
 
 /// `Result` with this crate's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -11,7 +11,7 @@ use crate::error::{Error, Result};
 use crate::meta::Meta;
 use crate::tensor::Tensor;
 use crate::text::needs_escape;
-use crate::version::VersionId;
+use crate::version::{RefKind, VersionId};
 
 /// The variables of a version or of the working state: a persistent map, O(1) to clone.
 pub(crate) type Vars = imbl::OrdMap<String, Tensor>;
@@ -24,32 +24,6 @@ pub enum Ref {
     Branch(VersionId),
     /// Never moves.
     Tag(VersionId),
-}
-
-/// The kind of a [`Ref`]: a branch or a tag.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum RefKind {
-    /// A [`Ref::Branch`]: moves with commits made while HEAD is attached to it.
-    Branch,
-    /// A [`Ref::Tag`]: never moves.
-    Tag,
-}
-
-impl RefKind {
-    /// `branch` or `tag`.
-    #[must_use]
-    pub const fn name(self) -> &'static str {
-        match self {
-            RefKind::Branch => "branch",
-            RefKind::Tag => "tag",
-        }
-    }
-}
-
-impl fmt::Display for RefKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
 }
 
 impl Ref {
@@ -263,7 +237,45 @@ impl History {
         meta: Meta,
         vars: Vars,
     ) -> VersionId {
-        let id = VersionId(self.nodes.len() as u64);
+        let id = self.next_id();
+        self.insert(
+            id,
+            parents,
+            message.into(),
+            Arc::new(meta),
+            SystemTime::now(),
+            VersionVars::held(vars),
+        );
+        id
+    }
+
+    /// The id the next added version gets: one past the newest id ever used. O(1).
+    pub(crate) fn next_id(&self) -> VersionId {
+        VersionId(self.nodes.len() as u64)
+    }
+
+    /// Add a node under `id` (at least [`next_id`](History::next_id); the ids between are
+    /// left unused, as pruned ones) as a child of `parents`, keeping the children lists
+    /// in step. This and [`remove`](History::remove) are the only places that link
+    /// nodes: [`add`](History::add) for commits, and the repository for the versions it
+    /// loads (under the ids they were saved with, where free). O(id gap + parents).
+    pub(crate) fn insert(
+        &mut self,
+        id: VersionId,
+        parents: Vec<VersionId>,
+        message: Arc<str>,
+        meta: Arc<Meta>,
+        time: SystemTime,
+        vars: VersionVars,
+    ) {
+        debug_assert!(id >= self.next_id(), "version id {id} is already taken");
+        debug_assert!(
+            parents.iter().all(|p| *p < id),
+            "a parent of {id} is not older than it"
+        );
+        while self.next_id() < id {
+            self.nodes.push(None);
+        }
         for p in &parents {
             if let Ok(node) = self.node_mut(*p) {
                 node.children.push(id);
@@ -272,12 +284,34 @@ impl History {
         self.nodes.push(Some(Version {
             parents,
             children: Vec::new(),
-            message: message.into(),
-            meta: Arc::new(meta),
-            time: SystemTime::now(),
-            vars: VersionVars::held(vars),
+            message,
+            meta,
+            time,
+            vars,
         }));
-        id
+    }
+
+    /// Point `name` at `r`, creating it or moving it. The caller has checked the name and
+    /// that `r`'s version is live. O(log refs).
+    pub(crate) fn set_ref(&mut self, name: String, r: Ref) {
+        debug_assert!(
+            self.node(r.target()).is_ok(),
+            "ref {name} to a dead version"
+        );
+        self.refs.insert(name, r);
+    }
+
+    /// Put HEAD at `head` (a branch, or a live version). O(1).
+    pub(crate) fn set_head(&mut self, head: Head) {
+        if let Head::Detached(v) = head {
+            debug_assert!(self.node(v).is_ok(), "HEAD detached at a dead version {v}");
+        }
+        self.head = head;
+    }
+
+    /// Delete ref `name` if it exists. O(log refs).
+    pub(crate) fn remove_ref(&mut self, name: &str) {
+        self.refs.remove(name);
     }
 
     pub(crate) fn live(&self) -> impl DoubleEndedIterator<Item = (VersionId, &Version)> + '_ {

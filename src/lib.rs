@@ -143,7 +143,7 @@ pub use diff::{Diff, TensorDiff, VarDiff};
 pub use element::{DType, Element};
 pub use error::{Conflict, Error, Result};
 pub use hash::ContentHash;
-pub use history::{Ref, RefKind, MAX_REF_NAME_BYTES};
+pub use history::{Ref, MAX_REF_NAME_BYTES};
 pub use merge::MergeStrategy;
 pub use meta::{Meta, Value};
 pub use repo::backend::{
@@ -159,4 +159,4 @@ pub use snapshot::Snapshot;
 pub use stats::Stats;
 pub use store::Store;
 pub use tensor::{Tensor, WriteStats, MAX_DIMS};
-pub use version::{ParseVersionIdError, VersionId};
+pub use version::{ParseVersionIdError, RefKind, VersionId};

@@ -9,12 +9,12 @@ use crate::chunk::{Alloc, Pool};
 use crate::config::Config;
 use crate::element::Element;
 use crate::error::{Error, Result};
-use crate::history::{check_ref_name, check_ref_name_len, Head, History, Ref, RefKind, Vars};
+use crate::history::{check_ref_name, check_ref_name_len, Head, History, Ref, Vars};
 use crate::kernels::WriteMode;
 use crate::meta::Meta;
 use crate::snapshot::Snapshot;
 use crate::tensor::{Tensor, WriteCtx, WriteStats, PAR_MIN_BYTES, PAR_MIN_BYTES_COLD};
-use crate::version::VersionId;
+use crate::version::{RefKind, VersionId};
 
 /// Named tensors with their full version history, in memory.
 ///
@@ -750,6 +750,37 @@ impl Store {
                 }),
             },
         }
+    }
+
+    /// Become the store of an opened repository: take the history read from it
+    /// (versions, refs, HEAD) and the link to it; the working state is HEAD's variables.
+    /// O(1) when HEAD's variables are read already.
+    ///
+    /// # Errors
+    ///
+    /// When HEAD's variables cannot be read; the store is unchanged then.
+    pub(crate) fn bind_opened(
+        &mut self,
+        hist: History,
+        link: Box<crate::repo::Bound>,
+    ) -> Result<()> {
+        self.working = match hist.head_id() {
+            Some(h) => hist.node(h)?.vars.get()?.clone(),
+            None => Vars::new(),
+        };
+        self.hist = hist;
+        self.repo = Some(link);
+        Ok(())
+    }
+
+    /// The checked-out branch moved to a version whose variables are `vars` (another
+    /// process saved it): the working state follows (it stays as it is when equal, so
+    /// that its chunks stay shared) and the redo path is cleared. O(variables).
+    pub(crate) fn follow_branch(&mut self, vars: Vars) {
+        if !vars_equal(&vars, &self.working) {
+            self.working = vars;
+        }
+        self.hist.redo.clear();
     }
 
     /// The saved version whose content address starts with the hex digits `text`, if

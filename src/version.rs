@@ -1,4 +1,5 @@
-//! Version ids: a leaf of the core that the error type and the history both name.
+//! Version ids and ref kinds: leaves of the core that the error type and the history
+//! both name.
 
 use std::fmt;
 use std::str::FromStr;
@@ -40,5 +41,31 @@ impl FromStr for VersionId {
             .parse()
             .map(VersionId)
             .map_err(|_| ParseVersionIdError { text: s.to_owned() })
+    }
+}
+
+/// The kind of a [`Ref`](crate::Ref): a branch or a tag.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RefKind {
+    /// A [`Ref::Branch`](crate::Ref::Branch): moves with commits made while HEAD is attached to it.
+    Branch,
+    /// A [`Ref::Tag`](crate::Ref::Tag): never moves.
+    Tag,
+}
+
+impl RefKind {
+    /// `branch` or `tag`.
+    #[must_use]
+    pub const fn name(self) -> &'static str {
+        match self {
+            RefKind::Branch => "branch",
+            RefKind::Tag => "tag",
+        }
+    }
+}
+
+impl fmt::Display for RefKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
     }
 }

@@ -9,9 +9,9 @@ use serde::{Deserialize, Serialize};
 use crate::element::DType;
 use crate::error::{Error, Result};
 use crate::hash::ContentHash;
-use crate::history::RefKind;
 use crate::meta::Meta;
 use crate::tensor::shape_len;
+use crate::version::RefKind;
 
 /// The format version this build writes, and the only one it reads.
 pub(crate) const FORMAT_VERSION: u16 = 1;

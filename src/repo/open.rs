@@ -23,8 +23,8 @@ use super::{open_path, Bound};
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::hash::ContentHash;
-use crate::history::{check_ref_name, Head, History, Ref, Vars, VarsSource, Version, VersionVars};
-use crate::store::{vars_equal, Store};
+use crate::history::{check_ref_name, Head, History, Ref, Vars, VarsSource, VersionVars};
+use crate::store::Store;
 use crate::tensor::{ChunkVec, Tensor};
 use crate::version::VersionId;
 
@@ -489,8 +489,8 @@ fn insert_versions(hist: &mut History, b: &mut Bound, mut loaded: Loaded) -> usi
             .iter()
             .filter_map(|p| b.by_hash.get(p).copied())
             .collect();
-        let len = hist.nodes.len() as u64;
-        let floor = parents.iter().map(|p| p.0 + 1).max().unwrap_or(0).max(len);
+        let next = hist.next_id().0;
+        let floor = parents.iter().map(|p| p.0 + 1).max().unwrap_or(0).max(next);
         let id = if body.seq >= floor && body.seq - floor <= MAX_ID_GAP {
             body.seq
         } else {
@@ -499,25 +499,18 @@ fn insert_versions(hist: &mut History, b: &mut Bound, mut loaded: Loaded) -> usi
         if id != body.seq {
             b.seqs.insert(VersionId(id), body.seq);
         }
-        while (hist.nodes.len() as u64) < id {
-            hist.nodes.push(None);
-        }
-        for p in &parents {
-            if let Ok(node) = hist.node_mut(*p) {
-                node.children.push(VersionId(id));
-            }
-        }
-        hist.nodes.push(Some(Version {
+        let time = body.time();
+        hist.insert(
+            VersionId(id),
             parents,
-            children: Vec::new(),
-            message: body.message.as_str().into(),
-            time: body.time(),
-            meta: Arc::new(body.meta),
-            vars: loaded
+            body.message.as_str().into(),
+            Arc::new(body.meta),
+            time,
+            loaded
                 .vars
                 .remove(&h)
                 .unwrap_or_else(|| VersionVars::held(Vars::new())),
-        }));
+        );
         b.record_version(
             VersionId(id),
             h,
@@ -614,36 +607,35 @@ impl Store {
     pub fn open_backend(backend: Arc<dyn Backend>, config: Config) -> Result<Store> {
         let mut store = Store::with_config(config)?;
         let mut b = Bound::connect(backend)?;
+        let mut hist = History::default();
         let refs = b.refs_seen.clone();
         let roots = roots_of(&b, &refs, b.head_seen.as_ref());
-        let loaded = read_versions(&store.hist, &b, &roots)?;
-        insert_versions(&mut store.hist, &mut b, loaded);
+        let loaded = read_versions(&hist, &b, &roots)?;
+        insert_versions(&mut hist, &mut b, loaded);
         for (name, (_, e)) in &refs {
             if check_ref_name(name).is_err() {
                 continue;
             }
             if let Some(r) = to_ref(&b, e) {
-                store.hist.refs.insert(name.clone(), r);
+                hist.set_ref(name.clone(), r);
             }
         }
-        store.hist.head = pick_head(&store.hist, &b);
-        store.working = match store.hist.head_id() {
-            Some(h) => match store.hist.node(h)?.vars.get() {
-                Ok(vars) => vars.clone(),
+        hist.set_head(pick_head(&hist, &b));
+        if let Some(h) = hist.head_id() {
+            match hist.node(h)?.vars.get() {
+                Ok(_) => {}
                 // HEAD's version names an object this build cannot read (a manifest of a
                 // layout it refuses, or a damaged one): start detached at the nearest
                 // version that reads, so that the rest of the history stays usable. The
                 // version itself still gives the error when used.
                 Err(e @ Error::CorruptObject { .. }) => {
-                    let (id, vars) = readable_fallback(&store.hist, h).ok_or(e)?;
-                    store.hist.head = Head::Detached(id);
-                    vars
+                    let (id, _) = readable_fallback(&hist, h).ok_or(e)?;
+                    hist.set_head(Head::Detached(id));
                 }
                 Err(e) => return Err(e),
-            },
-            None => Vars::new(),
-        };
-        store.repo = Some(Box::new(b));
+            }
+        }
+        store.bind_opened(hist, Box::new(b))?;
         Ok(store)
     }
 
@@ -796,19 +788,14 @@ fn refresh_into(store: &mut Store, b: &mut Bound) -> Result<RefreshStats> {
         }
         match to_ref(b, &theirs) {
             Some(r) => {
-                store.hist.refs.insert(name.clone(), r);
+                store.hist.set_ref(name.clone(), r);
                 if checked_out {
                     // Read before anything changed (see `read_checked_out`).
                     let vars = store.hist.node(r.target())?.vars.get()?.clone();
-                    if !vars_equal(&vars, &store.working) {
-                        store.working = vars;
-                    }
-                    store.hist.redo.clear();
+                    store.follow_branch(vars);
                 }
             }
-            None => {
-                store.hist.refs.remove(&name);
-            }
+            None => store.hist.remove_ref(&name),
         }
         b.refs_seen.insert(name.clone(), (seq, theirs));
         stats.refs_updated.push(name);
