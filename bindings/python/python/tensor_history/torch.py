@@ -177,6 +177,18 @@ class Tracker(_Tracker):
         untrusted = set()
         get_synced = self._synced.get
         check = self._check
+        token_of = self._token
+
+        def token(name: str, t: Any) -> Any:
+            try:
+                tok = token_of(t)
+            except RuntimeError:
+                check(name, t)
+                raise
+            if get_synced(name) != tok:
+                check(name, t)
+            return tok
+
         # A tensor whose token matches the last sync's was checked then (device and
         # layout cannot change without a new storage); others are checked here, before
         # `data_ptr()`, which sparse tensors do not have.
@@ -184,13 +196,7 @@ class Tracker(_Tracker):
             if not isinstance(t, tensor_type):
                 continue
             name = "model/" + key
-            try:
-                tok = (t._version, t.data_ptr(), t.shape, t.stride(), t.dtype)
-            except RuntimeError:
-                check(name, t)
-                raise
-            if get_synced(name) != tok:
-                check(name, t)
+            tok = token(name, t)
             if id(t) not in params:
                 # Buffers such as BatchNorm's running statistics are updated inside
                 # kernels that do not advance the version counter: always compared.
@@ -217,14 +223,7 @@ class Tracker(_Tracker):
                 for k, v in st.items():
                     if isinstance(v, tensor_type):
                         name = prefix + k
-                        try:
-                            tok = (v._version, v.data_ptr(), v.shape, v.stride(), v.dtype)
-                        except RuntimeError:
-                            check(name, v)
-                            raise
-                        if get_synced(name) != tok:
-                            check(name, v)
-                        tokens[name] = tok
+                        tokens[name] = token(name, v)
                         out[name] = v
         return out, tokens, untrusted
 
