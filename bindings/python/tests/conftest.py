@@ -2,8 +2,18 @@
 
 from __future__ import annotations
 
-import ml_dtypes
-import numpy as np
+import os
+
+# TensorFlow and JAX read these when first imported: one thread each (the machine is
+# small and shared), and quiet logs.
+for _k, _v in {"TF_NUM_INTEROP_THREADS": "1", "TF_NUM_INTRAOP_THREADS": "1",
+               "TF_CPP_MIN_LOG_LEVEL": "2", "TF_ENABLE_ONEDNN_OPTS": "0",
+               "XLA_FLAGS": "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1",
+               "JAX_PLATFORMS": "cpu"}.items():
+    os.environ.setdefault(_k, _v)
+
+import ml_dtypes  # noqa: E402
+import numpy as np  # noqa: E402
 
 DTYPES = [
     np.dtype(np.float16),

@@ -60,9 +60,9 @@ __all__ = [
 
 
 def __getattr__(name: str):
-    # `tensor_history.torch` imports torch lazily, on first use of the attribute.
-    if name == "torch":
+    # The framework modules import their framework lazily, on first use of the attribute.
+    if name in ("torch", "tf", "keras", "jax"):
         import importlib
 
-        return importlib.import_module(".torch", __name__)
+        return importlib.import_module("." + name, __name__)
     raise AttributeError(f"module 'tensor_history' has no attribute {name!r}")

@@ -21,7 +21,15 @@ import numpy as np
 from ._core import SaveStats, Store, Version
 from ._errors import TrialError, UncommittedChanges
 
-__all__ = ["Tracker", "Trial"]
+__all__ = ["AssignTracker", "Tracker", "Trial"]
+
+
+def _dtype_name(d: np.dtype) -> str:
+    """The core's name of a NumPy dtype (``f32``, ``bf16``, ``u8``), as ``Store.info``
+    gives it."""
+    if d.name == "bfloat16":
+        return "bf16"
+    return d.kind + str(d.itemsize * 8)
 
 
 class NotJson(Exception):
@@ -307,6 +315,8 @@ class Tracker:
             raise TrialError(f"the model has tensors that version {target} lacks: {extra[:5]}",
                              reason="model structure")
         prev = self.store.head()
+        if not partial:
+            self._check_layouts(entries, target, prev, snap)
         dirty = set(self._dirty_names(entries, tokens, untrusted))
         clean_known = prev == self._synced_head and self.trust_versions
         into_dirty = {}
@@ -324,7 +334,7 @@ class Tracker:
         known = prev if clean_known else None
         for group, k in ((into_clean, known), (into_dirty, None)):
             if group:
-                self._write(group, k, written, mismatched)
+                self._write(group, k, written, mismatched, entries)
         bumped = [n for n, s in written.items() if s.chunks_changed > 0]
         # Optimizer state of another shape or dtype is replaced by a new tensor.
         replaced = [n for n in mismatched if not n.startswith(self.MODEL_PREFIX)]
@@ -354,8 +364,44 @@ class Tracker:
                 f"shape or dtype: {problems[:5]}; everything else was put back",
                 reason="model structure")
 
+    def _checks_layout(self, name: str) -> bool:
+        """Whether a restore (not a trial's revert) must find `name` with the target's
+        shape and dtype before it writes anything (optimizer state of another layout is
+        replaced by a new tensor instead)."""
+        return name.startswith(self.MODEL_PREFIX)
+
+    def _check_layouts(self, entries: Dict[str, Any], target: Version,
+                       prev: Optional[Version], snap: Any) -> None:
+        """``TrialError`` if a live tensor that :meth:`_checks_layout` names has another
+        shape or dtype than in `target`; reads no data for tensors whose layout is the
+        same in HEAD (the store's working state) and `target`."""
+        store = self.store
+        checked = [n for n in entries if n in snap and self._checks_layout(n)]
+        if not checked:
+            return
+        same_as_head: set = set()
+        if prev is not None and not store.is_dirty():
+            diff = store.diff(prev, target) if prev != target else {}
+            same_as_head = {n for n in checked
+                            if n in store and (n not in diff or not diff[n].layout_changed)}
+        wrong = []
+        for n in checked:
+            live = self._np(n, entries[n])
+            if n in same_as_head:
+                dtype, shape = store.info(n)
+                ok = _dtype_name(live.dtype) == dtype and tuple(live.shape) == tuple(shape)
+            else:
+                want = snap[n]
+                ok = live.dtype == want.dtype and live.shape == want.shape
+            if not ok:
+                wrong.append(n)
+        if wrong:
+            raise TrialError(
+                f"the model holds {wrong[:5]} with another shape or dtype than version "
+                f"{target}; nothing was changed", reason="model structure")
+
     def _write(self, into: dict, known: Optional[Version], written: dict,
-               mismatched: list) -> None:
+               mismatched: list, entries: Dict[str, Any]) -> None:
         """``write_into`` all of `into`; if some target has another shape or dtype, the
         others one by one and those collected in `mismatched`."""
         from ._errors import DTypeMismatch, ShapeMismatch
@@ -451,6 +497,19 @@ class Tracker:
         self._apply(v, self.store.redo)
         return v
 
+    def branch(self, name: str, at: Any = None) -> None:
+        """Create branch `name` at `at` (default HEAD); HEAD stays where it is."""
+        self._check_idle("branch")
+        self.store.branch(name, at)
+
+    def checkout(self, name: str) -> Version:
+        """Move HEAD to branch (or tag) `name` and write its version into the model and
+        optimizer in place, as :meth:`restore` does; later commits extend that branch."""
+        self._check_idle("checkout")
+        target = self.store.resolve(name)
+        self._apply(target, lambda: self.store.checkout(name))
+        return target
+
     def save(self, path: Union[str, "os.PathLike[str]", None] = None) -> SaveStats:
         """Write the committed versions to the store's repository (or, with `path`, bind
         the store to the repository there first): only chunks it lacks are written.
@@ -474,3 +533,66 @@ class Tracker:
     def __iter__(self) -> Iterator[str]:
         return iter(self.store.names())
 
+
+
+class _Assigned:
+    """What :meth:`AssignTracker._write` did to one variable (``WriteStats``' field)."""
+
+    __slots__ = ("chunks_changed",)
+
+    def __init__(self, changed: bool) -> None:
+        self.chunks_changed = int(changed)
+
+
+class AssignTracker(Tracker):
+    """A tracker for frameworks whose variables have no writable view of their storage
+    (TensorFlow, Keras, JAX arrays): it reads through read-only views (or copies) and
+    restores by assigning each variable whose value differs from the target, whole.
+
+    Subclasses supply :meth:`_live`, :meth:`_token`, :meth:`_np` (a read-only NumPy view
+    or copy of the current value) and :meth:`_assign`. Optimizer variables cannot be
+    created or dropped from here: a restore leaves those the target lacks as they are
+    and ignores those the live optimizer lacks; every tracked variable must have the
+    target's shape and dtype, or the restore raises before it assigns anything.
+    """
+
+    def _assign(self, name: str, var: Any, value: np.ndarray) -> None:
+        """Put `value` (a fresh array owned by the caller) into variable `var`."""
+        raise NotImplementedError
+
+    def _checks_layout(self, name: str) -> bool:
+        return True
+
+    def _write(self, into: dict, known: Optional[Version], written: dict,
+               mismatched: list, entries: Dict[str, Any]) -> None:
+        """Assign the store's working state to every variable of `into` whose value
+        differs. With `known` (a version the variables are known to hold), variables
+        the store holds unchanged since `known` are skipped without reading them."""
+        store = self.store
+        if known is not None:
+            head = store.head()
+            if known == head:
+                return
+            diff = store.diff(known, head)
+            into = {n: a for n, a in into.items()
+                    if n not in diff or diff[n].kind != "unchanged"}
+        for n, live in into.items():
+            want = store.get(n)
+            if want.dtype != live.dtype or want.shape != live.shape:
+                mismatched.append(n)
+                continue
+            same = want.size == 0 or np.array_equal(
+                np.ascontiguousarray(live).reshape(-1).view(np.uint8),
+                want.reshape(-1).view(np.uint8))
+            if not same:
+                self._assign(n, entries[n], want)
+            written[n] = _Assigned(not same)
+
+    def _set_state(self, name: str, t: Any) -> None:
+        """Optimizer variables are the optimizer's: a version's extra ones are ignored."""
+
+    def _drop_state(self, name: str) -> None:
+        """Optimizer variables a version lacks are left as they are."""
+
+    def _from_np(self, name: str, a: np.ndarray) -> Any:
+        return a
