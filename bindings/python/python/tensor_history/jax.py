@@ -1,0 +1,466 @@
+"""Version history for JAX pytrees (Flax, Optax states) and Flax NNX modules.
+
+Functional form, for state kept in pytrees of immutable arrays:
+
+>>> tracker = tensor_history.jax.track(state)       # any pytree: params, opt_state, ...
+>>> with tracker.trial(state) as t:                  # copies nothing on entry
+...     new = train_step(state, batch)
+...     if loss(new) < best:
+...         t.keep(new)                               # commits the changed chunks only
+>>> state = t.result                                  # the kept state, or the original
+>>> state = tracker.undo()                            # the tree one kept step back
+>>> state = tracker.restore(v)                        # any version, same structure
+
+In-place form, for Flax NNX modules (``nnx.Variable`` values are replaced):
+
+>>> tracker = tensor_history.jax.track(model, optimizer)   # nnx.Module, nnx.Optimizer
+>>> with tracker.trial() as t:
+...     train_step(model, optimizer, batch)                 # an nnx.jit step
+...     if loss < best:
+...         t.keep()
+>>> # left without keep(): every Variable whose value changed gets its old value back.
+
+How it works, and what to know:
+
+- Names in the store: ``tree/<path>`` (functional) from ``jax.tree_util`` key paths
+  joined by ``/`` (``params/dense/kernel``, ``opt_state/0/mu/dense/kernel``), over any
+  nesting of dicts, lists, tuples, named tuples (Optax states) and dataclasses
+  registered as pytrees; ``model/<path>`` and ``optim/<path>`` (NNX) from the graph
+  paths of the module's and the optimizer's ``nnx.Variable``s.
+- Arrays that did not change between commits are not copied again: a leaf that is the
+  same object as at the last commit (the tracker holds those arrays, so they cannot be
+  freed and an identity cannot be reused) is skipped without reading it, others are
+  compared chunk by chunk, so a new array with the old values writes nothing.
+- ``restore``, ``undo``, ``redo``, ``checkout`` return a tree of the structure of the
+  last committed or restored tree (or of ``like=``): leaves the target shares with it
+  are the same array objects, the others new arrays of the same dtype (bfloat16 and
+  float16 included) on the same devices and sharding. A leaf of another shape or
+  dtype, or a target that lacks a leaf, raises ``TrialError(reason="model structure")``
+  before HEAD moves. Typed PRNG keys are stored as their key data and wrapped again;
+  NumPy leaves come back as NumPy arrays, Python scalars as Python scalars.
+- Buffer donation (``jax.jit(step, donate_argnums=0)``): a donated input's arrays are
+  deleted by the step. A trial that ends without ``keep()`` hands back the original
+  tree with every deleted leaf rebuilt from the store (the base version), so donation
+  and trials work together; the tracker never donates anything itself.
+- Hyper-parameters that are Python floats in the optimizer (``optax.adam(1e-3)``) are
+  part of the code, not the state; use ``optax.inject_hyperparams`` to make them leaves.
+- ``trial(state)`` commits the entry state first when it differs from HEAD (as the
+  torch tracker does), so that a revert goes back to it.
+
+JAX and Flax are imported on first use; nothing here needs them at import time.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, List, Optional, Tuple, Union
+
+import numpy as np
+
+from ._core import SaveStats, Store, Version
+from ._errors import TrialError
+from ._tracker import AssignTracker
+from ._tracker import Trial as NnxTrial
+
+__all__ = ["FunctionalTrial", "NnxTracker", "NnxTrial", "Tracker", "track"]
+
+PREFIX = "tree/"
+
+
+def _jax() -> Any:
+    import jax
+
+    return jax
+
+
+def _is_key(x: Any) -> bool:
+    jax = _jax()
+    return isinstance(x, jax.Array) and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
+
+
+def leaf_to_numpy(x: Any) -> np.ndarray:
+    """A read-only NumPy view (zero-copy for CPU arrays) of a leaf's values: typed PRNG
+    keys as their key data, bool as uint8."""
+    jax = _jax()
+    if _is_key(x):
+        x = jax.random.key_data(x)
+    a = np.asarray(x)
+    if a.dtype == np.bool_:
+        a = a.view(np.uint8)
+    if a.flags.writeable:
+        a = a.view()
+        a.flags.writeable = False
+    return a
+
+
+def leaf_like(a: np.ndarray, template: Any) -> Any:
+    """A new leaf holding `a` (a fresh array from the store) of the kind of `template`:
+    a JAX array on the template's devices and sharding, a typed key, a NumPy array or a
+    Python scalar."""
+    jax = _jax()
+    if isinstance(template, jax.Array):
+        if _is_key(template):
+            data = jax.device_put(a, template.sharding)
+            return jax.random.wrap_key_data(data, impl=jax.random.key_impl(template))
+        if template.dtype == np.bool_:
+            a = a.view(np.bool_)
+        return jax.device_put(a, template.sharding)
+    if isinstance(template, np.ndarray) or isinstance(template, np.generic):
+        return a.view(np.bool_) if template.dtype == np.bool_ else a
+    if isinstance(template, (bool, int, float, complex)):
+        return type(template)(a.reshape(()).item())
+    return a
+
+
+def _layout(x: Any) -> Tuple[str, tuple]:
+    """(dtype name as stored, shape) of a leaf, without reading its values."""
+    jax = _jax()
+    if _is_key(x):
+        x = jax.random.key_data(x)  # metadata only for a deleted key is not needed
+    dtype = getattr(x, "dtype", None)
+    dtype = np.dtype(dtype) if dtype is not None else np.asarray(x).dtype
+    if dtype == np.bool_:
+        dtype = np.dtype(np.uint8)
+    return dtype.str if dtype.name != "bfloat16" else "bfloat16", tuple(np.shape(x))
+
+
+def _deleted(x: Any) -> bool:
+    f = getattr(x, "is_deleted", None)
+    return bool(f()) if f is not None else False
+
+
+class FunctionalTrial:
+    """A tentative step of a pytree (see :meth:`Tracker.trial`); ``result`` is the kept
+    tree after the ``with`` block, or the entry tree."""
+
+    def __init__(self, tracker: "Tracker", tree: Any, message: str) -> None:
+        self._tracker = tracker
+        self._entry = tree
+        self.message = message
+        self.base: Optional[Version] = None
+        self.kept: Optional[Version] = None
+        self.result: Any = tree
+        self._ended = False
+
+    def keep(self, tree: Any, message: Optional[str] = None, **metadata: Any) -> Version:
+        """Commit `tree` (changed chunks only); it becomes :attr:`result`."""
+        if self._ended:
+            raise TrialError("keep() after the trial's with block ended", reason="trial ended")
+        if self.base is None:
+            raise TrialError("keep() outside the trial's with block", reason="not entered")
+        v = self._tracker._commit(tree, message if message is not None else self.message,
+                                  metadata)
+        self.kept = v
+        self.result = tree
+        return v
+
+    def __enter__(self) -> "FunctionalTrial":
+        tr = self._tracker
+        if self._ended or self.base is not None:
+            raise TrialError("a trial's with block can be entered once", reason="reused trial")
+        if tr._trial is not None:
+            raise TrialError("trials do not nest", reason="nested trial")
+        tr._commit(self._entry, f"{self.message} (base)", {}, only_if_changed=True)
+        self.base = tr.store.head()
+        tr._trial = self
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        tr = self._tracker
+        tr._trial = None
+        self._ended = True
+        target = self.kept if self.kept is not None else self.base
+        if self.kept is None:
+            self.result = self._entry
+        # Leaves a donating step deleted come back from the store.
+        jax = _jax()
+        if any(_deleted(x) for x in jax.tree_util.tree_leaves(self.result)):
+            self.result = tr._build(target, self.result)
+        tr.state = self.result
+        return False
+
+
+class Tracker:
+    """History of a pytree in a :class:`Store` (functional: trees in, trees out).
+
+    ``resume``: make :attr:`state` the store's HEAD in the structure of `tree` instead
+    of committing `tree` (default: when HEAD holds a tree, as after ``Store.open``).
+    :attr:`state` is the tree of the last commit, restore or trial.
+    """
+
+    def __init__(self, tree: Any, *, store: Optional[Store] = None, message: str = "track",
+                 resume: Optional[bool] = None) -> None:
+        self.store = store if store is not None else Store()
+        self._trial: Optional[FunctionalTrial] = None
+        self._leaves: Dict[str, Any] = {}
+        self._synced_head: Optional[Version] = None
+        self.state: Any = tree
+        head = self.store.head()
+        held = head is not None and any(n.startswith(PREFIX) for n in self.store.snapshot(head))
+        if resume is None:
+            resume = held
+        if resume:
+            if not held:
+                raise TrialError("resume=True but the store has no committed tree",
+                                 reason="nothing to resume")
+            self.state = self._build(head, tree)
+            self._synced(head, *self._flatten(self.state)[:2])
+        else:
+            self._commit(tree, message, {})
+
+    # ---- trees and names ---------------------------------------------------------------
+
+    def _flatten(self, tree: Any) -> Tuple[List[str], List[Any], Any]:
+        jax = _jax()
+        pairs, treedef = jax.tree_util.tree_flatten_with_path(tree)
+        names = [PREFIX + jax.tree_util.keystr(p, simple=True, separator="/") for p, _ in pairs]
+        if len(set(names)) != len(names):
+            dup = sorted({n for n in names if names.count(n) > 1})
+            raise TrialError(f"the tree has several leaves named {dup[:5]}", reason="names")
+        return names, [x for _, x in pairs], treedef
+
+    def _synced(self, head: Version, names: List[str], leaves: List[Any]) -> None:
+        self._leaves = dict(zip(names, leaves))
+        self._synced_head = head
+
+    def _commit(self, tree: Any, message: str, metadata: dict,
+                only_if_changed: bool = False) -> Version:
+        names, leaves, _ = self._flatten(tree)
+        store = self.store
+        clean = store.head() == self._synced_head and store.head() is not None
+        held = self._leaves
+        arrays = {}
+        for n, x in zip(names, leaves):
+            if clean and held.get(n) is x:
+                continue
+            if _deleted(x):
+                raise TrialError(f"leaf `{n}` was deleted (donated to a jitted step)",
+                                 reason="deleted")
+            arrays[n] = leaf_to_numpy(x)
+        live = set(names)
+        gone = [n for n in store.names() if n.startswith(PREFIX) and n not in live]
+        stats = store.sync(arrays)
+        for n in gone:
+            store.remove(n)
+        if only_if_changed and clean and not gone and not store.is_dirty():
+            self._synced(store.head(), names, leaves)
+            return store.head()
+        meta = {k: _plain(k, v) for k, v in metadata.items()}
+        v = store.commit(message, **meta)
+        del stats
+        self._synced(v, names, leaves)
+        self.state = tree
+        return v
+
+    def _build(self, target: Version, like: Any) -> Any:
+        """The tree of version `target` in the structure of `like`: leaves `target`
+        shares with the tracker's last sync are those objects, others new arrays.
+        Raises ``TrialError`` (changing nothing) when `target` does not fit `like`."""
+        jax = _jax()
+        names, leaves, treedef = self._flatten(like)
+        store = self.store
+        snap = store.snapshot(target)
+        have = set(snap.keys())
+        ours = {n for n in have if n.startswith(PREFIX)}
+        missing = [n for n in names if n not in have]
+        extra = sorted(ours - set(names))
+        if missing or extra:
+            raise TrialError(f"version {target} does not fit the tree: it lacks {missing[:5]} "
+                             f"and has {extra[:5]} besides", reason="model structure")
+        same: set = set()
+        synced = self._synced_head
+        if synced is not None and synced in store.versions():
+            diff = store.diff(synced, target) if synced != target else {}
+            same = {n for n in names if n not in diff or diff[n].kind == "unchanged"}
+        out = []
+        wrong = []
+        for n, x in zip(names, leaves):
+            held = self._leaves.get(n)
+            if n in same and held is not None and not _deleted(held) \
+                    and _layout(held) == _layout(x):
+                out.append(held)
+                continue
+            a = snap[n]
+            want = (a.dtype.str if a.dtype.name != "bfloat16" else "bfloat16", a.shape)
+            if want != _layout(x):
+                wrong.append(n)
+                continue
+            out.append(leaf_like(a, x))
+        if wrong:
+            raise TrialError(f"the tree holds {wrong[:5]} with another shape or dtype than "
+                             f"version {target}; nothing was changed", reason="model structure")
+        return jax.tree_util.tree_unflatten(treedef, out)
+
+    def _move(self, target: Version, like: Any, move) -> Any:
+        tree = self._build(target, self.state if like is None else like)
+        move()
+        names, leaves, _ = self._flatten(tree)
+        self._synced(target, names, leaves)
+        self.state = tree
+        return tree
+
+    def _check_idle(self, what: str) -> None:
+        if self._trial is not None:
+            raise TrialError(f"{what}() inside a trial; leave the with block first",
+                             reason="inside trial")
+
+    # ---- the public calls ----------------------------------------------------------------
+
+    def commit(self, tree: Any, message: str = "", **metadata: Any) -> Version:
+        """Commit `tree`: leaves that are the arrays of the last sync are skipped without
+        reading them, others compared chunk by chunk; then an O(1) commit."""
+        self._check_idle("commit")
+        return self._commit(tree, message, metadata)
+
+    def restore(self, ref: Any, like: Any = None) -> Any:
+        """The tree of version `ref` (a Version or a ref name), in the structure of `like`
+        (default: :attr:`state`); HEAD moves there."""
+        self._check_idle("restore")
+        target = self.store.resolve(ref)
+        return self._move(target, like, lambda: self.store.restore(target))
+
+    def undo(self, like: Any = None) -> Any:
+        """The tree of HEAD's parent; HEAD moves there (``NothingToUndo`` at the root)."""
+        self._check_idle("undo")
+        head = self.store.head()
+        parent = self.store.parent(head) if head is not None else None
+        if parent is None:
+            self.store.undo()  # raises NothingToUndo, changing nothing
+        return self._move(parent, like, self.store.undo)
+
+    def redo(self, like: Any = None) -> Any:
+        """The tree of the version the last undo came from; HEAD moves there."""
+        self._check_idle("redo")
+        v = self.store.redo()
+        self.store.undo()  # undo right after redo cannot fail
+        return self._move(v, like, self.store.redo)
+
+    def branch(self, name: str, at: Any = None) -> None:
+        """Create branch `name` at `at` (default HEAD)."""
+        self._check_idle("branch")
+        self.store.branch(name, at)
+
+    def checkout(self, name: str, like: Any = None) -> Any:
+        """The tree of branch (or tag) `name`; HEAD moves there, later commits extend it."""
+        self._check_idle("checkout")
+        target = self.store.resolve(name)
+        return self._move(target, like, lambda: self.store.checkout(name))
+
+    def diff(self, a: Any, b: Any = None) -> dict:
+        """The leaves that differ from version `a` to `b` (default HEAD): name -> Change."""
+        b = self.store.head() if b is None else b
+        return {n: c for n, c in self.store.diff(a, b).items() if c.kind != "unchanged"}
+
+    def trial(self, tree: Any, message: str = "trial") -> FunctionalTrial:
+        """``with tracker.trial(state) as t: state2 = step(state); t.keep(state2)``; after
+        the block ``t.result`` is the kept tree or `state`."""
+        return FunctionalTrial(self, tree, message)
+
+    def save(self, path: Union[str, "os.PathLike[str]", None] = None) -> SaveStats:
+        """Write the committed versions to the repository (only chunks it lacks)."""
+        self._check_idle("save")
+        return self.store.save_as(path) if path is not None else self.store.save()
+
+    def log(self) -> list:
+        return self.store.log()
+
+    def stats(self) -> Any:
+        return self.store.stats()
+
+
+def _plain(key: str, v: Any) -> Any:
+    if isinstance(v, (bool, int, float, str)):
+        return v
+    a = np.asarray(v)
+    if a.size != 1:
+        raise TypeError(f"metadata `{key}` is an array of {a.size} elements; give a bool, "
+                        "int, float or str (or a one-element array)")
+    return a.reshape(()).item()
+
+
+class NnxTracker(AssignTracker):
+    """History of a Flax NNX module's ``nnx.Variable``s (and an ``nnx.Optimizer``'s) in a
+    :class:`Store`, restored in place by setting each changed Variable's value."""
+
+    SCALARS_KEY = "_nnx.scalars"
+
+    def __init__(self, model: Any, optimizer: Any = None, *, store: Optional[Store] = None,
+                 message: str = "track", trust_versions: bool = True,
+                 resume: Optional[bool] = None) -> None:
+        self.model = model
+        self.optimizer = optimizer
+        self._pending: Dict[int, Any] = {}
+        self._keep: Dict[int, Any] = {}
+        super().__init__(store=store, message=message, trust_versions=trust_versions,
+                         resume=resume)
+
+    @staticmethod
+    def _variables(obj: Any) -> List[Tuple[str, Any]]:
+        from flax import nnx
+
+        return [("/".join(str(p) for p in path), v) for path, v in nnx.iter_graph(obj)
+                if isinstance(v, nnx.Variable)]
+
+    def _live(self) -> Tuple[Dict[str, Any], Dict[str, Any], set]:
+        out: Dict[str, Any] = {}
+        tokens: Dict[str, Any] = {}
+        untrusted: set = set()
+        seen = set()
+        groups = [("model/", self.model)]
+        if self.optimizer is not None:
+            groups.append(("optim/", self.optimizer))
+        for prefix, obj in groups:
+            for key, var in self._variables(obj):
+                if id(var) in seen:
+                    continue
+                seen.add(id(var))
+                name = prefix + key
+                out[name] = var
+                tokens[name] = tok = self._token(var)
+                if tok is None:
+                    untrusted.add(name)
+        return out, tokens, untrusted
+
+    def _token(self, var: Any) -> Any:
+        value = var.get_value()
+        if isinstance(value, np.ndarray):
+            return None  # mutable: its identity proves nothing
+        self._pending[id(var)] = value  # held: its id cannot be reused
+        return id(value)
+
+    def _synced_now(self) -> None:
+        self._keep, self._pending = self._pending, {}
+
+    def _np(self, name: str, var: Any) -> np.ndarray:
+        return leaf_to_numpy(var.get_value())
+
+    def _assign(self, name: str, var: Any, value: np.ndarray) -> None:
+        var.set_value(leaf_like(value, var.get_value()))
+
+    def _plain(self, key: str, v: Any) -> Any:
+        return _plain(key, v)
+
+
+def track(tree_or_model: Any, optimizer: Any = None, *,
+          path: Union[str, "os.PathLike[str]", None] = None, **kwargs: Any) -> Any:
+    """Start tracking a pytree (returns a functional :class:`Tracker`) or a Flax NNX
+    module and optimizer (returns an in-place :class:`NnxTracker`).
+
+    Without `path`: commits the current state in a new in-memory store. With `path`:
+    opens (or creates) the repository there; if it holds a history, its HEAD becomes the
+    tracker's ``state`` (pytrees) or is put into the module (NNX). Other keyword
+    arguments go to the tracker."""
+    if path is not None:
+        if "store" in kwargs:
+            raise TypeError("track() takes path= or store=, not both")
+        kwargs["store"] = Store.open(path)
+    try:
+        from flax import nnx
+    except ImportError:
+        nnx = None
+    if nnx is not None and isinstance(tree_or_model, nnx.Module):
+        return NnxTracker(tree_or_model, optimizer, **kwargs)
+    if optimizer is not None:
+        raise TypeError("a pytree's optimizer state is part of the tree: track((params, "
+                        "opt_state)) instead of passing optimizer=")
+    return Tracker(tree_or_model, **kwargs)
