@@ -6,6 +6,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
+use super::backend::{is_not_found, Backend, Bytes};
+use super::pack::{parse_pack, PackEntry};
 use crate::element::DType;
 use crate::error::{Error, Result};
 use crate::hash::ContentHash;
@@ -27,9 +29,6 @@ pub(crate) const HEADER_LEN: usize = 10;
 
 /// Bytes of the BLAKE3 trailer.
 pub(crate) const TRAILER_LEN: usize = 32;
-
-/// Chunk data in a pack starts at multiples of this.
-pub(crate) const PACK_ALIGN: usize = 64;
 
 pub(crate) use crate::tensor::MAX_DIMS;
 
@@ -62,7 +61,19 @@ pub(crate) fn corrupt(path: &str, reason: impl Into<String>) -> Error {
     }
 }
 
-fn header(kind: Kind) -> [u8; HEADER_LEN] {
+/// Read an object that another object names, turning "not found" into a
+/// corrupt-repository error naming it.
+pub(crate) fn must_get(backend: &dyn Backend, key: &str) -> Result<Bytes> {
+    backend.get(key).map_err(|e| {
+        if is_not_found(&e) {
+            corrupt(key, "missing (the repository refers to it)")
+        } else {
+            e
+        }
+    })
+}
+
+pub(crate) fn header(kind: Kind) -> [u8; HEADER_LEN] {
     let mut h = [0u8; HEADER_LEN];
     h[..7].copy_from_slice(&MAGIC);
     h[7] = kind as u8;
@@ -71,7 +82,7 @@ fn header(kind: Kind) -> [u8; HEADER_LEN] {
 }
 
 /// Check magic, kind and version of the first bytes of an object.
-fn check_header(path: &str, bytes: &[u8], kind: Kind) -> Result<()> {
+pub(crate) fn check_header(path: &str, bytes: &[u8], kind: Kind) -> Result<()> {
     if bytes.len() < HEADER_LEN || bytes[..7] != MAGIC {
         return Err(corrupt(path, "not a tensor-history object (bad magic)"));
     }
@@ -155,7 +166,7 @@ fn decode_body<T: for<'de> Deserialize<'de>>(path: &str, body: &[u8]) -> Result<
 /// their parse time. Every method returns `None` for anything it does not accept; the
 /// caller then asks postcard, so the result never differs from postcard's (tests check
 /// both ways).
-struct Wire<'a>(&'a [u8]);
+pub(crate) struct Wire<'a>(&'a [u8]);
 
 impl Wire<'_> {
     fn byte(&mut self) -> Option<u8> {
@@ -164,7 +175,7 @@ impl Wire<'_> {
         Some(b)
     }
 
-    fn varint(&mut self) -> Option<u64> {
+    pub(crate) fn varint(&mut self) -> Option<u64> {
         let mut out = 0u64;
         for i in 0..10 {
             let byte = self.byte()?;
@@ -186,7 +197,7 @@ impl Wire<'_> {
         (n.checked_mul(min_elem)? <= self.0.len()).then_some(n)
     }
 
-    fn hash(&mut self) -> Option<RawHash> {
+    pub(crate) fn hash(&mut self) -> Option<RawHash> {
         let (h, rest) = self.0.split_first_chunk::<32>()?;
         self.0 = rest;
         Some(*h)
@@ -230,15 +241,9 @@ fn index_body_fast(bytes: &[u8]) -> Option<IndexBody> {
     let mut packs = Vec::with_capacity(n);
     for _ in 0..n {
         let pack = w.hash()?;
-        let m = w.len(34)?;
+        let m = w.len(PackEntry::MIN_WIRE_LEN)?;
         let chunks = (0..m)
-            .map(|_| {
-                Some(PackEntry {
-                    id: w.hash()?,
-                    offset: w.varint()?,
-                    len: w.varint()?,
-                })
-            })
+            .map(|_| PackEntry::read_wire(&mut w))
             .collect::<Option<Vec<_>>>()?;
         packs.push(IndexPack { pack, chunks });
     }
@@ -380,14 +385,6 @@ pub(crate) struct IndexPack {
     pub(crate) chunks: Vec<PackEntry>,
 }
 
-/// One chunk in a pack.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) struct PackEntry {
-    pub(crate) id: RawHash,
-    pub(crate) offset: u64,
-    pub(crate) len: u64,
-}
-
 pub(crate) fn parse_index(
     path: &str,
     bytes: &[u8],
@@ -411,85 +408,6 @@ pub(crate) struct GcBody {
 
 pub(crate) fn parse_gc(path: &str, bytes: &[u8], want: Option<&ContentHash>) -> Result<GcBody> {
     decode(path, bytes, Kind::Gc, want)
-}
-
-// ---- packs ------------------------------------------------------------------------
-
-/// Bytes after a pack's footer: footer offset, footer length (u64 LE each), trailer.
-pub(crate) const PACK_TAIL_LEN: usize = 16 + TRAILER_LEN;
-
-/// A pack's fixed header: the object header padded with zeros to [`PACK_ALIGN`].
-pub(crate) fn pack_header() -> [u8; PACK_ALIGN] {
-    let mut h = [0u8; PACK_ALIGN];
-    h[..HEADER_LEN].copy_from_slice(&header(Kind::Pack));
-    h
-}
-
-/// The footer, offsets and trailer that end a pack whose chunks are `entries`, and the
-/// pack's id (the trailer: BLAKE3 of the header, footer and offsets).
-pub(crate) fn pack_tail(footer_offset: u64, entries: &[PackEntry]) -> (Vec<u8>, ContentHash) {
-    let footer = postcard::to_stdvec(entries).unwrap_or_default();
-    let mut tail = footer;
-    let footer_len = tail.len() as u64;
-    tail.extend_from_slice(&footer_offset.to_le_bytes());
-    tail.extend_from_slice(&footer_len.to_le_bytes());
-    let mut h = blake3::Hasher::new();
-    h.update(&header(Kind::Pack));
-    h.update(&tail);
-    let id = ContentHash(*h.finalize().as_bytes());
-    tail.extend_from_slice(id.as_bytes());
-    (tail, id)
-}
-
-/// Parse a whole pack's header and footer (chunk data is checked by the chunks' own
-/// hashes when read).
-pub(crate) fn parse_pack(
-    path: &str,
-    bytes: &[u8],
-    want: Option<&ContentHash>,
-) -> Result<Vec<PackEntry>> {
-    check_header(path, bytes, Kind::Pack)?;
-    if bytes.len() < PACK_ALIGN + PACK_TAIL_LEN {
-        return Err(corrupt(path, "truncated pack"));
-    }
-    let tail_start = bytes.len() - PACK_TAIL_LEN;
-    let num = |at: usize| {
-        let mut b = [0u8; 8];
-        b.copy_from_slice(&bytes[at..at + 8]);
-        u64::from_le_bytes(b)
-    };
-    let (off, len) = (num(tail_start), num(tail_start + 8));
-    let end = off.checked_add(len);
-    if off < PACK_ALIGN as u64 || end != Some(tail_start as u64) {
-        return Err(corrupt(path, "pack footer offsets out of range"));
-    }
-    let footer = &bytes[off as usize..tail_start];
-    let mut h = blake3::Hasher::new();
-    h.update(&bytes[..HEADER_LEN]);
-    h.update(&bytes[off as usize..bytes.len() - TRAILER_LEN]);
-    let id = ContentHash(*h.finalize().as_bytes());
-    if id.as_bytes()[..] != bytes[bytes.len() - TRAILER_LEN..] {
-        return Err(corrupt(path, "pack checksum mismatch (torn or damaged)"));
-    }
-    if let Some(w) = want {
-        if *w != id {
-            return Err(corrupt(path, format!("holds pack {id}, not {w}")));
-        }
-    }
-    let (entries, rest) = postcard::take_from_bytes::<Vec<PackEntry>>(footer)
-        .map_err(|e| corrupt(path, format!("unreadable pack footer: {e}")))?;
-    if !rest.is_empty() {
-        return Err(corrupt(path, "trailing bytes after the pack footer"));
-    }
-    for e in &entries {
-        let ok = e.offset >= PACK_ALIGN as u64
-            && e.offset.is_multiple_of(PACK_ALIGN as u64)
-            && e.offset.checked_add(e.len).is_some_and(|x| x <= off);
-        if !ok {
-            return Err(corrupt(path, "pack entry outside the chunk area"));
-        }
-    }
-    Ok(entries)
 }
 
 // ---- JSON files -------------------------------------------------------------------
@@ -741,6 +659,7 @@ pub fn parse_object(key: &str, bytes: &[u8]) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::repo::pack::Span;
 
     /// Check a direct reader against postcard on `body`'s encoding and on every flip of
     /// one of the first 300 bytes (three bits each) and every cut.
@@ -818,8 +737,10 @@ mod tests {
     fn index_fast_path_agrees_with_postcard() {
         let entry = |i: u8| PackEntry {
             id: [i; 32],
-            offset: 64 * u64::from(i),
-            len: 1 << (i % 40),
+            span: Span {
+                offset: 64 * u64::from(i),
+                len: 1 << (i % 40),
+            },
         };
         let bodies = [
             IndexBody::default(),
@@ -842,8 +763,10 @@ mod tests {
                         pack: [7; 32],
                         chunks: vec![PackEntry {
                             id: [0; 32],
-                            offset: u64::MAX,
-                            len: u64::MAX,
+                            span: Span {
+                                offset: u64::MAX,
+                                len: u64::MAX,
+                            },
                         }],
                     },
                 ],

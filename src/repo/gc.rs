@@ -1,7 +1,7 @@
 //! `Store::gc`: delete what no saved ref, tag or HEAD reaches, in two phases so that a
 //! concurrent save never loses data, and rewrite mostly-dead packs.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
@@ -10,12 +10,13 @@ use super::backend::{is_not_found, Backend, ObjectInfo};
 use super::format::{
     corrupt, encode, gc_key, id_of_key, index_key, manifest_key, pack_key, parse_gc, parse_index,
     parse_json, parse_manifest, parse_ref_key, parse_version, pruned_key, version_key, EntryKind,
-    GcBody, HeadJson, IndexBody, IndexPack, Kind, PrunedJson, RefEntry, GC_PREFIX, HEAD_KEY,
-    INDEX_PREFIX, MANIFESTS_PREFIX, PACKS_PREFIX, PRUNED_PREFIX, REFS_PREFIX, VERSIONS_PREFIX,
+    GcBody, HeadJson, IndexBody, IndexPack, Kind, PrunedJson, GC_PREFIX, HEAD_KEY, INDEX_PREFIX,
+    MANIFESTS_PREFIX, PACKS_PREFIX, PRUNED_PREFIX, REFS_PREFIX, VERSIONS_PREFIX,
 };
 use super::generation::{start_generation, trim_generations};
-use super::save::write_pack;
-use super::{Bound, Loc};
+use super::pack::{read_chunk, write_pack, Loc, Span, WrittenPack};
+use super::refs;
+use super::Bound;
 use crate::error::{Error, Result};
 use crate::hash::ContentHash;
 use crate::store::Store;
@@ -113,20 +114,11 @@ fn get(backend: &dyn Backend, key: &str) -> Result<super::backend::Bytes> {
 /// store running gc holds, where still present) reach.
 fn mark(backend: &dyn Backend, objects: &[ObjectInfo], held: &[ContentHash]) -> Result<Live> {
     let mut live = Live::default();
-    let mut latest: BTreeMap<String, (u64, String)> = BTreeMap::new();
-    for o in objects.iter().filter(|o| o.key.starts_with(REFS_PREFIX)) {
-        if let Some((name, seq)) = parse_ref_key(&o.key) {
-            let slot = latest.entry(name).or_insert((seq, o.key.clone()));
-            if seq >= slot.0 {
-                *slot = (seq, o.key.clone());
-            }
-        }
-    }
     let mut roots = Vec::new();
-    for (_, key) in latest.values() {
-        let e: RefEntry = parse_json(key, &get(backend, key)?)?;
+    for latest in refs::latest_keys(objects.iter().map(|o| o.key.as_str())).into_values() {
+        let e = refs::read_entry(backend, &latest.key)?;
         roots.extend(e.version.filter(|_| e.kind != EntryKind::Deleted));
-        live.keys.insert(key.clone());
+        live.keys.insert(latest.key);
     }
     match backend.get(HEAD_KEY) {
         Ok(bytes) => {
@@ -277,7 +269,7 @@ fn gc_into(b: &mut Bound, options: &GcOptions, held: &[ContentHash]) -> Result<G
 
     // Which pack serves each live chunk; packs by live bytes.
     let mut serving: HashMap<ContentHash, ContentHash> = HashMap::new();
-    let mut pack_chunks: HashMap<ContentHash, Vec<(ContentHash, u64, u64)>> = HashMap::new();
+    let mut pack_chunks: HashMap<ContentHash, Vec<(ContentHash, Span)>> = HashMap::new();
     for (_, body) in &indexes {
         for p in &body.packs {
             let pack = ContentHash(p.pack);
@@ -287,7 +279,7 @@ fn gc_into(b: &mut Bound, options: &GcOptions, held: &[ContentHash]) -> Result<G
             let list = pack_chunks.entry(pack).or_default();
             for e in &p.chunks {
                 let id = ContentHash(e.id);
-                list.push((id, e.offset, e.len));
+                list.push((id, e.span));
                 if live.chunks.contains(&id) {
                     serving.entry(id).or_insert(pack);
                 }
@@ -298,12 +290,12 @@ fn gc_into(b: &mut Bound, options: &GcOptions, held: &[ContentHash]) -> Result<G
     // Rewrite mostly-dead packs: new pack and index first, then the old pack is garbage.
     let mut rewrite = Vec::new();
     for (pack, chunks) in &pack_chunks {
-        let total: u64 = chunks.iter().map(|c| c.2).sum();
-        let served: Vec<&(ContentHash, u64, u64)> = chunks
+        let total: u64 = chunks.iter().map(|c| c.1.stored_len()).sum();
+        let served: Vec<&(ContentHash, Span)> = chunks
             .iter()
             .filter(|c| serving.get(&c.0) == Some(pack))
             .collect();
-        let live_bytes: u64 = served.iter().map(|c| c.2).sum();
+        let live_bytes: u64 = served.iter().map(|c| c.1.stored_len()).sum();
         if live_bytes > 0 && (live_bytes as f64) < options.repack_below * total as f64 {
             rewrite.push((*pack, served.into_iter().copied().collect::<Vec<_>>()));
         }
@@ -314,24 +306,26 @@ fn gc_into(b: &mut Bound, options: &GcOptions, held: &[ContentHash]) -> Result<G
         let mut index = IndexBody::default();
         let mut moved = Vec::new();
         for (pack, chunks) in &rewrite {
-            let key = pack_key(pack);
             let mut data = Vec::with_capacity(chunks.len());
-            for (id, off, len) in chunks {
-                let bytes = backend.get_range(&key, *off..off + len)?;
-                if ContentHash::of_bytes(&bytes) != *id {
-                    return Err(corrupt(&key, format!("chunk {id} does not match its hash")));
-                }
-                data.push((*id, bytes));
+            for (id, span) in chunks {
+                let loc = Loc {
+                    pack: *pack,
+                    span: *span,
+                };
+                data.push((*id, read_chunk(backend, id, &loc)?));
             }
-            let refs: Vec<(ContentHash, &[u8])> = data.iter().map(|(h, d)| (*h, &d[..])).collect();
-            let (new_pack, entries, _) = write_pack(backend, &refs)?;
+            let raw: Vec<(ContentHash, &[u8])> = data.iter().map(|(h, d)| (*h, &d[..])).collect();
+            let WrittenPack {
+                id: new_pack,
+                entries,
+                ..
+            } = write_pack(backend, &raw)?;
             for e in &entries {
                 moved.push((
                     ContentHash(e.id),
                     Loc {
                         pack: new_pack,
-                        offset: e.offset,
-                        len: e.len,
+                        span: e.span,
                     },
                 ));
             }
@@ -342,7 +336,7 @@ fn gc_into(b: &mut Bound, options: &GcOptions, held: &[ContentHash]) -> Result<G
                 new_pack,
                 entries
                     .iter()
-                    .map(|e| (ContentHash(e.id), e.offset, e.len))
+                    .map(|e| (ContentHash(e.id), e.span))
                     .collect(),
             );
             index.packs.push(IndexPack {
@@ -370,13 +364,7 @@ fn gc_into(b: &mut Bound, options: &GcOptions, held: &[ContentHash]) -> Result<G
             .get(pack)
             .is_none_or(|cs| cs.iter().all(|c| serving.get(&c.0) != Some(pack)))
     };
-    let mut latest_ref: HashMap<String, u64> = HashMap::new();
-    for o in &objects {
-        if let Some((name, seq)) = parse_ref_key(&o.key) {
-            let e = latest_ref.entry(name).or_insert(seq);
-            *e = (*e).max(seq);
-        }
-    }
+    let latest_ref = refs::latest_keys(objects.iter().map(|o| o.key.as_str()));
     let mut candidates: HashSet<String> = HashSet::new();
     let mut candidate_chunks = Vec::new();
     for o in &objects {
@@ -397,7 +385,7 @@ fn gc_into(b: &mut Bound, options: &GcOptions, held: &[ContentHash]) -> Result<G
             !live.keys.contains(k)
         } else if k.starts_with(REFS_PREFIX) {
             parse_ref_key(k)
-                .is_some_and(|(name, seq)| latest_ref.get(&name).is_some_and(|l| seq < *l))
+                .is_some_and(|(name, seq)| latest_ref.get(&name).is_some_and(|l| seq < l.seq))
         } else {
             false
         };

@@ -14,6 +14,8 @@ mod format;
 mod gc;
 mod generation;
 mod open;
+mod pack;
+mod refs;
 mod safetensors;
 mod save;
 
@@ -28,11 +30,12 @@ use crate::hash::ContentHash;
 use crate::version::VersionId;
 
 pub use backend::open_location;
-use backend::{AlignedBuf, Backend, Bytes, LocalDir};
+use backend::{Backend, Bytes, LocalDir};
 pub use format::parse_object;
 use format::{corrupt, pack_key, HeadJson, RefEntry};
 pub use gc::{GcOptions, GcStats, DEFAULT_GC_GRACE};
 pub use open::RefreshStats;
+use pack::Loc;
 pub use save::SaveStats;
 
 /// [`open_location`] for a path that may not be UTF-8.
@@ -94,14 +97,6 @@ impl std::hash::Hasher for IdHasher {
 
 /// A hash map keyed by content ids.
 pub(crate) type IdMap<V> = HashMap<ContentHash, V, IdState>;
-
-/// Where a chunk lives: its pack, offset and length.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Loc {
-    pub(crate) pack: ContentHash,
-    pub(crate) offset: u64,
-    pub(crate) len: u64,
-}
 
 /// The chunk index of a repository, and the loader of stored chunks.
 pub(crate) struct RepoChunks {
@@ -174,7 +169,7 @@ impl RepoChunks {
                 path,
                 format!("unreadable index; chunk {id} of `{wanted_by}` is in no readable index"),
             ),
-            None => match open::unindexed_pack_holding(self, id) {
+            None => match pack::unindexed_pack_holding(&*self.backend, &self.indexed_packs(), id) {
                 Some(pack) => corrupt(
                     &pack,
                     format!(
@@ -189,6 +184,16 @@ impl RepoChunks {
 }
 
 impl RepoChunks {
+    /// The packs the index files read name.
+    fn indexed_packs(&self) -> HashSet<ContentHash> {
+        self.index
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .map(|l| l.pack)
+            .collect()
+    }
+
     /// Encode index `body` so that its id is not one that an index in the repository
     /// supersedes (readers would skip it): an index of the same content as a superseded
     /// one (a save writing chunks again into the same pack a gc deleted) also supersedes
@@ -279,8 +284,7 @@ impl RepoChunks {
                         ContentHash(e.id),
                         Loc {
                             pack: ContentHash(p.pack),
-                            offset: e.offset,
-                            len: e.len,
+                            span: e.span,
                         },
                     );
                 }
@@ -293,48 +297,16 @@ impl RepoChunks {
         let loc = self
             .locate(id)
             .ok_or_else(|| self.missing(id, "a stored chunk"))?;
-        let key = pack_key(&loc.pack);
-        if loc.len != len as u64 {
+        if loc.span.raw_len() != len as u64 {
             return Err(corrupt(
-                &key,
+                &pack_key(&loc.pack),
                 format!(
                     "chunk {id} is {} bytes in the index, {len} in its tensor",
-                    loc.len
+                    loc.span.raw_len()
                 ),
             ));
         }
-        let end = loc
-            .offset
-            .checked_add(loc.len)
-            .ok_or_else(|| corrupt(&key, "chunk offset overflows"))?;
-        let bytes = self
-            .backend
-            .get_range(&key, loc.offset..end)
-            .map_err(|e| match e {
-                Error::Io {
-                    kind: std::io::ErrorKind::UnexpectedEof,
-                    ..
-                } => corrupt(&key, format!("pack too short for chunk {id} (truncated)")),
-                e => e,
-            })?;
-        if bytes.len() != len {
-            return Err(corrupt(&key, format!("chunk {id}: short read")));
-        }
-        let bytes = if (bytes.as_ptr() as usize).is_multiple_of(8) {
-            bytes
-        } else {
-            AlignedBuf::bytes_of(&bytes)
-        };
-        if ContentHash::of_bytes(&bytes) != *id {
-            return Err(corrupt(
-                &key,
-                format!(
-                    "chunk {id} at offset {} does not match its hash",
-                    loc.offset
-                ),
-            ));
-        }
-        Ok(bytes)
+        pack::read_chunk(&*self.backend, id, &loc)
     }
 }
 

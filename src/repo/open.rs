@@ -11,13 +11,13 @@ use serde::{Deserialize, Serialize};
 
 use super::backend::{is_not_found, Backend, PutOutcome};
 use super::format::{
-    corrupt, id_of_key, manifest_key, parse_json, parse_manifest, parse_ref_key, parse_version,
-    ref_key, to_json, version_key, ConfigJson, EntryKind, HeadJson, Manifest, PackEntry,
-    PrunedJson, RefEntry, VersionBody, CONFIG_KEY, FORMAT_NAME, FORMAT_VERSION, HEADER_LEN,
-    HEAD_KEY, MANIFESTS_PREFIX, PACKS_PREFIX, PACK_ALIGN, PACK_TAIL_LEN, PRUNED_PREFIX,
-    REFS_PREFIX, TRAILER_LEN, VERSIONS_PREFIX,
+    corrupt, id_of_key, manifest_key, must_get, parse_json, parse_manifest, parse_version, ref_key,
+    to_json, version_key, ConfigJson, EntryKind, HeadJson, Manifest, PrunedJson, RefEntry,
+    VersionBody, CONFIG_KEY, FORMAT_NAME, FORMAT_VERSION, HEAD_KEY, MANIFESTS_PREFIX,
+    PRUNED_PREFIX, VERSIONS_PREFIX,
 };
 use super::generation::GcView;
+use super::refs;
 use super::RepoChunks;
 use super::{open_path, Bound};
 use crate::config::Config;
@@ -48,69 +48,6 @@ pub struct RefreshStats {
     /// store (`None`: the repository deleted it). Its content address is
     /// [`Store::version_hash`].
     pub theirs: BTreeMap<String, Option<VersionId>>,
-}
-
-/// Read an object, turning "not found" into a corrupt-repository error naming it.
-fn must_get(backend: &dyn Backend, key: &str) -> Result<super::backend::Bytes> {
-    backend.get(key).map_err(|e| {
-        if is_not_found(&e) {
-            corrupt(key, "missing (the repository refers to it)")
-        } else {
-            e
-        }
-    })
-}
-
-/// A ref log entry: `branch` or `tag` with a version, or `deleted` without one. Anything
-/// else is an error naming the entry (never a ref silently dropped).
-fn parse_ref_entry(key: &str, bytes: &[u8]) -> Result<RefEntry> {
-    let e: RefEntry = parse_json(key, bytes)?;
-    match (e.kind, e.version.is_some()) {
-        (EntryKind::Branch | EntryKind::Tag, true) | (EntryKind::Deleted, false) => Ok(e),
-        (kind, _) => Err(corrupt(
-            key,
-            format!(
-                "a ref entry of kind `{}` with the version field wrong or absent",
-                kind.name()
-            ),
-        )),
-    }
-}
-
-/// The latest entry of a ref's log, if it has one.
-pub(crate) fn read_ref_log(backend: &dyn Backend, name: &str) -> Result<Option<(u64, RefEntry)>> {
-    let prefix = format!("{REFS_PREFIX}{}/", super::format::encode_ref_name(name));
-    let latest = backend
-        .list(&prefix)?
-        .into_iter()
-        .filter_map(|o| parse_ref_key(&o.key).map(|(_, seq)| (seq, o.key)))
-        .max();
-    match latest {
-        None => Ok(None),
-        Some((seq, key)) => {
-            let bytes = must_get(backend, &key)?;
-            Ok(Some((seq, parse_ref_entry(&key, &bytes)?)))
-        }
-    }
-}
-
-/// The latest entry of every ref's log.
-fn read_refs(backend: &dyn Backend) -> Result<BTreeMap<String, (u64, RefEntry)>> {
-    let mut latest: BTreeMap<String, (u64, String)> = BTreeMap::new();
-    for o in backend.list(REFS_PREFIX)? {
-        if let Some((name, seq)) = parse_ref_key(&o.key) {
-            let slot = latest.entry(name).or_insert((seq, o.key.clone()));
-            if seq > slot.0 {
-                *slot = (seq, o.key);
-            }
-        }
-    }
-    let mut out = BTreeMap::new();
-    for (name, (seq, key)) in latest {
-        let bytes = must_get(backend, &key)?;
-        out.insert(name, (seq, parse_ref_entry(&key, &bytes)?));
-    }
-    Ok(out)
 }
 
 impl Bound {
@@ -154,7 +91,7 @@ impl Bound {
         }
         let mut b = Bound::new(backend);
         b.config = config_bytes;
-        b.refs_seen = read_refs(&*b.backend)?;
+        b.refs_seen = refs::read_all(&*b.backend)?;
         b.head_seen = match b.backend.get(HEAD_KEY) {
             // HEAD is replaced in place (write and rename); a power loss can leave it torn.
             // It only says where to start, so an unreadable one means "the default".
@@ -388,13 +325,13 @@ fn tensor_of(chunks: &Arc<RepoChunks>, key: &str, m: &Manifest) -> Result<Tensor
     let locs = chunks.locate_all(&m.chunks);
     for (i, (id, loc)) in m.chunks.iter().zip(locs).enumerate() {
         match loc {
-            Some(loc) if loc.len == m.chunk_len(i) as u64 => {}
+            Some(loc) if loc.span.raw_len() == m.chunk_len(i) as u64 => {}
             Some(loc) => {
                 return Err(corrupt(
                     key,
                     format!(
                         "chunk {i} is {} bytes in the index, {} by the layout",
-                        loc.len,
+                        loc.span.raw_len(),
                         m.chunk_len(i)
                     ),
                 ))
@@ -414,64 +351,6 @@ fn tensor_of(chunks: &Arc<RepoChunks>, key: &str, m: &Manifest) -> Result<Tensor
         m.chunk_elems,
         handles,
     ))
-}
-
-/// The key of a pack that holds chunk `id` although no index read lists the pack (its
-/// index file is missing), found from the packs' own footers. Used to name the file at
-/// fault in an error; reads only the tails of packs that no index lists.
-pub(crate) fn unindexed_pack_holding(chunks: &RepoChunks, id: &ContentHash) -> Option<String> {
-    let indexed: HashSet<ContentHash> = chunks
-        .index
-        .read()
-        .unwrap_or_else(|p| p.into_inner())
-        .values()
-        .map(|l| l.pack)
-        .collect();
-    let backend = &*chunks.backend;
-    let min = (PACK_ALIGN + PACK_TAIL_LEN) as u64;
-    for o in backend.list(PACKS_PREFIX).ok()? {
-        let Some(pack) = id_of_key(&o.key, "thpack") else {
-            continue;
-        };
-        if indexed.contains(&pack) || o.size < min {
-            continue;
-        }
-        let tail_start = o.size - PACK_TAIL_LEN as u64;
-        let Ok(tail) = backend.get_range(&o.key, tail_start..o.size) else {
-            continue;
-        };
-        let num = |at: usize| {
-            let mut n = [0u8; 8];
-            n.copy_from_slice(&tail[at..at + 8]);
-            u64::from_le_bytes(n)
-        };
-        let (off, len) = (num(0), num(8));
-        if tail.len() != PACK_TAIL_LEN
-            || off < PACK_ALIGN as u64
-            || off.checked_add(len) != Some(tail_start)
-        {
-            continue;
-        }
-        let (Ok(header), Ok(footer)) = (
-            backend.get_range(&o.key, 0..HEADER_LEN as u64),
-            backend.get_range(&o.key, off..o.size - TRAILER_LEN as u64),
-        ) else {
-            continue;
-        };
-        let mut hasher = blake3::Hasher::new();
-        hasher.update(&header);
-        hasher.update(&footer);
-        if hasher.finalize().as_bytes() != &tail[16..] || pack.as_bytes() != &tail[16..] {
-            continue;
-        }
-        let Ok(entries) = postcard::from_bytes::<Vec<PackEntry>>(&footer[..len as usize]) else {
-            continue;
-        };
-        if entries.iter().any(|e| e.id == id.0) {
-            return Some(o.key);
-        }
-    }
-    None
 }
 
 /// Put loaded versions into the history (ids as saved where free); returns how many.
@@ -708,7 +587,7 @@ fn refresh_into(store: &mut Store, b: &mut Bound) -> Result<RefreshStats> {
     b.check_config()?;
     b.catch_up()?;
     super::generation::forget_collected(&mut store.hist, b);
-    let refs = read_refs(&*b.backend)?;
+    let refs = refs::read_all(&*b.backend)?;
     let changed: BTreeMap<String, (u64, RefEntry)> = refs
         .into_iter()
         .filter(|(name, (seq, _))| b.refs_seen.get(name).is_none_or(|(s, _)| s < seq))
@@ -751,7 +630,7 @@ fn refresh_into(store: &mut Store, b: &mut Bound) -> Result<RefreshStats> {
             continue;
         }
         let local = store.hist.refs.get(&name).copied();
-        let local_entry = super::save::ref_entry_pub(local.as_ref(), &hash_of);
+        let local_entry = refs::entry_of(local.as_ref(), &hash_of);
         let seen_entry = b.refs_seen.get(&name).map(|(_, e)| e.clone());
         let unchanged_here = match &seen_entry {
             Some(e) => *e == local_entry,

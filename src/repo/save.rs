@@ -10,22 +10,21 @@ use serde::{Deserialize, Serialize};
 
 use super::backend::{Backend, PutOutcome};
 use super::format::{
-    encode, index_key, manifest_key, pack_header, pack_key, pack_tail, pruned_key, ref_key,
-    time_parts, to_json, version_key, EntryKind, HeadJson, IndexBody, IndexPack, Kind,
-    ManifestBody, PackEntry, PrunedJson, RefEntry, VersionBody, HEAD_KEY, PACK_ALIGN,
+    encode, index_key, manifest_key, pruned_key, ref_key, time_parts, to_json, version_key,
+    EntryKind, HeadJson, IndexBody, IndexPack, Kind, ManifestBody, PrunedJson, RefEntry,
+    VersionBody, HEAD_KEY,
 };
 use super::generation::forget_collected;
-use super::{open_path, Bound, Loc};
+use super::pack::{write_packs, Loc};
+use super::refs;
+use super::{open_path, Bound};
 use crate::chunk::{Chunk, Pool};
 use crate::error::{Error, Result};
 use crate::hash::ContentHash;
-use crate::history::{check_ref_name_len, Head, History, Ref};
+use crate::history::{check_ref_name_len, Head, History};
 use crate::store::Store;
 use crate::tensor::{check_dims, Tensor};
 use crate::version::VersionId;
-
-/// Packs are cut at about this size.
-pub(crate) const PACK_TARGET_BYTES: usize = 32 << 20;
 
 /// What a [`Store::save`] wrote.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -210,58 +209,6 @@ fn original_parents(
     }
     markers.extend(planned);
     Ok(Some(parents.clone()))
-}
-
-/// Write `chunks` as one pack; returns its id, entries and size.
-pub(crate) fn write_pack(
-    backend: &dyn Backend,
-    chunks: &[(ContentHash, &[u8])],
-) -> Result<(ContentHash, Vec<PackEntry>, u64)> {
-    static PAD: [u8; PACK_ALIGN] = [0; PACK_ALIGN];
-    let header = pack_header();
-    let mut parts: Vec<&[u8]> = Vec::with_capacity(chunks.len() * 2 + 2);
-    parts.push(&header);
-    let mut offset = PACK_ALIGN as u64;
-    let mut entries = Vec::with_capacity(chunks.len());
-    for (id, bytes) in chunks {
-        entries.push(PackEntry {
-            id: id.0,
-            offset,
-            len: bytes.len() as u64,
-        });
-        parts.push(bytes);
-        offset += bytes.len() as u64;
-        let pad = (PACK_ALIGN - (bytes.len() % PACK_ALIGN)) % PACK_ALIGN;
-        if pad > 0 {
-            parts.push(&PAD[..pad]);
-            offset += pad as u64;
-        }
-    }
-    let (tail, id) = pack_tail(offset, &entries);
-    parts.push(&tail);
-    backend.put_parts(&pack_key(&id), &parts)?;
-    Ok((id, entries, offset + tail.len() as u64))
-}
-
-/// The entry a ref should have in the repository, from memory.
-fn ref_entry(r: Option<&Ref>, hash_of: &impl Fn(VersionId) -> Option<ContentHash>) -> RefEntry {
-    match r {
-        Some(r) => RefEntry {
-            kind: r.kind().into(),
-            version: hash_of(r.target()),
-        },
-        None => RefEntry {
-            kind: EntryKind::Deleted,
-            version: None,
-        },
-    }
-}
-
-pub(crate) fn ref_entry_pub(
-    r: Option<&Ref>,
-    hash_of: &impl Fn(VersionId) -> Option<ContentHash>,
-) -> RefEntry {
-    ref_entry(r, hash_of)
 }
 
 /// What one save did, for the store to apply after.
@@ -549,29 +496,14 @@ fn write_objects(hist: &History, b: &mut Bound, stats: &mut SaveStats) -> Result
 
     // Packs, then one index of them.
     let mut index = IndexBody::default();
-    let mut group_start = 0;
-    while group_start < new.len() {
-        let mut end = group_start;
-        let mut bytes = 0;
-        while end < new.len()
-            && (end == group_start || bytes + new[end].1.len_bytes() <= PACK_TARGET_BYTES)
-        {
-            bytes += new[end].1.len_bytes();
-            end += 1;
-        }
-        let group: Vec<(ContentHash, &[u8])> = new[group_start..end]
-            .iter()
-            .map(|(h, c)| c.load().map(|()| (*h, c.data())))
-            .collect::<Result<_>>()?;
-        let (id, entries, size) = write_pack(&*backend, &group)?;
+    for pack in write_packs(&*backend, &new)? {
         stats.packs_written += 1;
-        stats.chunks_written += end - group_start;
-        stats.bytes_written += size;
+        stats.chunks_written += pack.entries.len();
+        stats.bytes_written += pack.size;
         index.packs.push(IndexPack {
-            pack: id.0,
-            chunks: entries,
+            pack: pack.id.0,
+            chunks: pack.entries,
         });
-        group_start = end;
     }
     let mut index_id = None;
     if !index.packs.is_empty() {
@@ -639,8 +571,7 @@ fn write_objects(hist: &History, b: &mut Bound, stats: &mut SaveStats) -> Result
                     h,
                     Loc {
                         pack: ContentHash(p.pack),
-                        offset: e.offset,
-                        len: e.len,
+                        span: e.span,
                     },
                 );
                 b.gc_candidates.remove(&h);
@@ -668,7 +599,7 @@ fn write_refs(hist: &History, b: &mut Bound, mut stats: SaveStats) -> Result<Sav
     let mut failed: Vec<String> = Vec::new();
     let mut ref_error: Option<Error> = None;
     for name in names {
-        let want = ref_entry(hist.refs.get(&name), &hash_of);
+        let want = refs::entry_of(hist.refs.get(&name), &hash_of);
         let seen = b.refs_seen.get(&name);
         let unchanged = match seen {
             None => want.kind == EntryKind::Deleted,
@@ -696,7 +627,7 @@ fn write_refs(hist: &History, b: &mut Bound, mut stats: SaveStats) -> Result<Sav
                     // gc trims the entries before a ref's latest one, so the entry after
                     // the one this store saw may be absent although the ref moved further:
                     // a later entry wins over the one just created.
-                    let latest = super::open::read_ref_log(&*backend, &name)?;
+                    let latest = refs::read_latest(&*backend, &name)?;
                     Ok((outcome == PutOutcome::Created, latest))
                 });
             let (created, latest) = match written {
