@@ -99,7 +99,7 @@
 // buffer without zeroing it first (`copy_init`, one `memcpy` per chunk, and the
 // `set_len` after every chunk was copied, in `Tensor::to_array`), and in the two
 // functions that map files (`repo::backend::local::map_file` for repository packs,
-// `repo::safetensors::map_file` for imported files), with a `// SAFETY:` comment on
+// `safetensors::map_file` for imported files), with a `// SAFETY:` comment on
 // every block.
 #![deny(unsafe_code)]
 #![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
@@ -126,6 +126,7 @@ pub mod parallel;
 mod render;
 mod repo;
 mod retention;
+mod safetensors;
 mod snapshot;
 mod stats;
 mod store;

@@ -33,7 +33,7 @@ pub struct Store {
     pub(crate) hist: History,
     /// The repository this store saves to, if any. The one place the core names the
     /// repository layer: everything the store asks of it goes through this link.
-    pub(crate) repo: Option<Box<crate::repo::Bound>>,
+    pub(crate) repo: Option<Box<crate::repo::RepoLink>>,
 }
 
 impl Default for Store {
@@ -762,7 +762,7 @@ impl Store {
     pub(crate) fn bind_opened(
         &mut self,
         hist: History,
-        link: Box<crate::repo::Bound>,
+        link: Box<crate::repo::RepoLink>,
     ) -> Result<()> {
         self.working = match hist.head_id() {
             Some(h) => hist.node(h)?.vars.get()?.clone(),

@@ -16,7 +16,7 @@ use super::format::{
 use super::generation::{start_generation, trim_generations};
 use super::pack::{read_chunk, write_pack, Loc, Span, WrittenPack};
 use super::refs;
-use super::Bound;
+use super::RepoLink;
 use crate::error::{Error, Result};
 use crate::hash::ContentHash;
 use crate::store::Store;
@@ -255,7 +255,7 @@ fn read_indexes(backend: &dyn Backend, objects: &[ObjectInfo]) -> Result<Vec<(St
     Ok(out)
 }
 
-fn gc_into(b: &mut Bound, options: &GcOptions, held: &[ContentHash]) -> Result<GcStats> {
+fn gc_into(b: &mut RepoLink, options: &GcOptions, held: &[ContentHash]) -> Result<GcStats> {
     let backend = b.backend.clone();
     let backend = &*backend;
     let mut stats = GcStats::default();

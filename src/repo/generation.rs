@@ -17,7 +17,7 @@ use super::format::{
     generation_key, id_of_key, parse_gc, parse_generation_key, to_json, GcBody, GenerationJson,
     GC_PREFIX, GENERATIONS_PREFIX,
 };
-use super::Bound;
+use super::RepoLink;
 use crate::error::{Error, Result};
 use crate::hash::ContentHash;
 use crate::history::History;
@@ -67,7 +67,7 @@ impl GcView {
     /// generation is another, or a record `b` saw is gone (a gc run removes its records
     /// after its deletions; a run that started deleting before `b` looked may have
     /// deleted more since).
-    fn moved_since(&self, b: &Bound) -> bool {
+    fn moved_since(&self, b: &RepoLink) -> bool {
         if self.generation != b.generation {
             return true;
         }
@@ -115,7 +115,7 @@ pub(crate) fn trim_generations(backend: &dyn Backend, keep: u64) -> Result<()> {
     Ok(())
 }
 
-impl Bound {
+impl RepoLink {
     /// Take `view` as what this store knows of gc: the generation, the records seen,
     /// and the objects they list (a save writes those again rather than reuse them).
     pub(crate) fn take_gc_view(&mut self, view: GcView) {
@@ -156,7 +156,7 @@ impl Bound {
     }
 
     /// Whether a gc may have deleted objects since the last
-    /// [`catch_up`](Bound::catch_up): checked by a save after its barrier, when it wrote
+    /// [`catch_up`](RepoLink::catch_up): checked by a save after its barrier, when it wrote
     /// objects while gc records existed (a gc run may delete what it wrote again).
     pub(crate) fn gc_moved(&self) -> Result<bool> {
         Ok(GcView::read(&*self.backend)?.moved_since(self))
@@ -171,7 +171,7 @@ impl Bound {
 /// forgotten.
 ///
 /// O(saved versions).
-pub(crate) fn forget_collected(hist: &mut History, b: &mut Bound) -> Vec<VersionId> {
+pub(crate) fn forget_collected(hist: &mut History, b: &mut RepoLink) -> Vec<VersionId> {
     if b.gone.is_empty() {
         return Vec::new();
     }

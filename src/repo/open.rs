@@ -9,6 +9,7 @@ use std::sync::Arc;
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
+use super::backend::open_path;
 use super::backend::{is_not_found, Backend, PutOutcome};
 use super::format::{
     corrupt, id_of_key, manifest_key, must_get, parse_json, parse_manifest, parse_version, ref_key,
@@ -19,7 +20,7 @@ use super::format::{
 use super::generation::GcView;
 use super::refs;
 use super::RepoChunks;
-use super::{open_path, Bound};
+use super::RepoLink;
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::hash::ContentHash;
@@ -50,11 +51,11 @@ pub struct RefreshStats {
     pub theirs: BTreeMap<String, Option<VersionId>>,
 }
 
-impl Bound {
+impl RepoLink {
     /// Connect to the repository behind `backend`, creating it if the location is
     /// empty: check the format, read refs, HEAD, the chunk index, prune markers and gc
     /// records. Reads no version and no chunk.
-    pub(crate) fn connect(backend: Arc<dyn Backend>) -> Result<Bound> {
+    pub(crate) fn connect(backend: Arc<dyn Backend>) -> Result<RepoLink> {
         let config = match backend.get(CONFIG_KEY) {
             Ok(b) => b,
             Err(e) if is_not_found(&e) => {
@@ -89,7 +90,7 @@ impl Bound {
                 found: format!("format `{}` version {}", config.format, config.version),
             });
         }
-        let mut b = Bound::new(backend);
+        let mut b = RepoLink::new(backend);
         b.config = config_bytes;
         b.refs_seen = refs::read_all(&*b.backend)?;
         b.head_seen = match b.backend.get(HEAD_KEY) {
@@ -167,7 +168,7 @@ struct Loaded {
 /// first used. A root whose version object is absent is an error naming
 /// the ref entry; a detached HEAD naming one is skipped (HEAD only says where to start).
 /// Changes nothing.
-fn read_versions(hist: &History, b: &Bound, roots: &[(ContentHash, String)]) -> Result<Loaded> {
+fn read_versions(hist: &History, b: &RepoLink, roots: &[(ContentHash, String)]) -> Result<Loaded> {
     let backend = &*b.backend;
     let mut named_by: HashMap<ContentHash, &str> = HashMap::new();
     for (h, key) in roots {
@@ -354,7 +355,7 @@ fn tensor_of(chunks: &Arc<RepoChunks>, key: &str, m: &Manifest) -> Result<Tensor
 }
 
 /// Put loaded versions into the history (ids as saved where free); returns how many.
-fn insert_versions(hist: &mut History, b: &mut Bound, mut loaded: Loaded) -> usize {
+fn insert_versions(hist: &mut History, b: &mut RepoLink, mut loaded: Loaded) -> usize {
     let n = loaded.order.len();
     for h in loaded.order {
         let Some(body) = loaded.bodies.remove(&h) else {
@@ -399,7 +400,7 @@ fn insert_versions(hist: &mut History, b: &mut Bound, mut loaded: Loaded) -> usi
     n
 }
 
-fn to_ref(b: &Bound, e: &RefEntry) -> Option<Ref> {
+fn to_ref(b: &RepoLink, e: &RefEntry) -> Option<Ref> {
     let id = *b.by_hash.get(&e.version?)?;
     match e.kind {
         EntryKind::Branch => Some(Ref::Branch(id)),
@@ -411,7 +412,7 @@ fn to_ref(b: &Bound, e: &RefEntry) -> Option<Ref> {
 /// The versions the refs and a detached HEAD name, each with the key of the file that
 /// names it, except those `b` holds already.
 fn roots_of(
-    b: &Bound,
+    b: &RepoLink,
     refs: &BTreeMap<String, (u64, RefEntry)>,
     head: Option<&HeadJson>,
 ) -> Vec<(ContentHash, String)> {
@@ -485,7 +486,7 @@ impl Store {
     /// As for [`open_with`](Store::open_with).
     pub fn open_backend(backend: Arc<dyn Backend>, config: Config) -> Result<Store> {
         let mut store = Store::with_config(config)?;
-        let mut b = Bound::connect(backend)?;
+        let mut b = RepoLink::connect(backend)?;
         let mut hist = History::default();
         let refs = b.refs_seen.clone();
         let roots = roots_of(&b, &refs, b.head_seen.as_ref());
@@ -556,7 +557,7 @@ fn readable_fallback(hist: &History, head: VersionId) -> Option<(VersionId, Vars
         .find_map(|id| Some((id, hist.node(id).ok()?.vars.get().ok()?.clone())))
 }
 
-fn pick_head(hist: &History, b: &Bound) -> Head {
+fn pick_head(hist: &History, b: &RepoLink) -> Head {
     let has_versions = hist.live().next().is_some();
     match &b.head_seen {
         Some(HeadJson::Branch(n))
@@ -583,7 +584,7 @@ fn pick_head(hist: &History, b: &Bound) -> Head {
     }
 }
 
-fn refresh_into(store: &mut Store, b: &mut Bound) -> Result<RefreshStats> {
+fn refresh_into(store: &mut Store, b: &mut RepoLink) -> Result<RefreshStats> {
     b.check_config()?;
     b.catch_up()?;
     super::generation::forget_collected(&mut store.hist, b);
@@ -703,7 +704,7 @@ fn reachable_elsewhere(hist: &History, name: &str, v: VersionId) -> bool {
 /// refresh that cannot read them fails before it changes anything.
 fn read_checked_out(
     store: &Store,
-    b: &Bound,
+    b: &RepoLink,
     changed: &BTreeMap<String, (u64, RefEntry)>,
     loaded: &Loaded,
 ) -> Result<()> {
@@ -719,31 +720,4 @@ fn read_checked_out(
         node.vars.get()?;
     }
     Ok(())
-}
-
-impl Bound {
-    /// The version whose content address starts with the hex digits `text` (at least 4),
-    /// among versions saved or loaded and still live in `hist`; `None` if `text` is not
-    /// such a prefix of any.
-    pub(crate) fn resolve_prefix(&self, hist: &History, text: &str) -> Result<Option<VersionId>> {
-        if text.len() < 4 || text.len() > 64 || !text.bytes().all(|c| c.is_ascii_hexdigit()) {
-            return Ok(None);
-        }
-        let want = text.to_ascii_lowercase();
-        let mut found: Vec<VersionId> = self
-            .saved
-            .iter()
-            .filter(|(id, h)| hist.node(**id).is_ok() && h.to_string().starts_with(&want))
-            .map(|(id, _)| *id)
-            .collect();
-        found.sort_unstable();
-        match found.len() {
-            0 => Ok(None),
-            1 => Ok(Some(found[0])),
-            n => Err(Error::AmbiguousRef {
-                prefix: text.to_owned(),
-                matches: n,
-            }),
-        }
-    }
 }

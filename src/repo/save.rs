@@ -8,6 +8,7 @@ use std::sync::Arc;
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
+use super::backend::open_path;
 use super::backend::{Backend, PutOutcome};
 use super::format::{
     encode, index_key, manifest_key, pruned_key, ref_key, time_parts, to_json, version_key,
@@ -17,7 +18,7 @@ use super::format::{
 use super::generation::forget_collected;
 use super::pack::{write_packs, Loc};
 use super::refs;
-use super::{open_path, Bound};
+use super::RepoLink;
 use crate::chunk::{Chunk, Pool};
 use crate::error::{Error, Result};
 use crate::hash::ContentHash;
@@ -173,7 +174,7 @@ fn version_object_with(
 /// parents in the history, and so gets a new content address.
 fn original_parents(
     hist: &History,
-    b: &Bound,
+    b: &RepoLink,
     h: ContentHash,
     markers: &mut Vec<(ContentHash, Vec<ContentHash>, Vec<u8>)>,
 ) -> Result<Option<Vec<ContentHash>>> {
@@ -221,19 +222,6 @@ pub(crate) struct Saved {
 }
 
 impl Store {
-    /// Where this store saves (`None` for a store that was never opened or saved to a
-    /// repository). O(1).
-    #[must_use]
-    pub fn location(&self) -> Option<&str> {
-        self.repo.as_ref().map(|b| b.location.as_str())
-    }
-
-    /// The backend this store saves to (`None` without a repository). O(1).
-    #[must_use]
-    pub fn backend(&self) -> Option<Arc<dyn Backend>> {
-        self.repo.as_ref().map(|b| b.backend.clone())
-    }
-
     /// Write every version reachable from a branch, a tag or HEAD that the repository
     /// lacks, then move the refs and HEAD. Only chunks the repository lacks are written
     /// (a second save with nothing new writes no chunk); uncommitted changes are not
@@ -298,7 +286,7 @@ impl Store {
     ///
     /// As for [`save_as`](Store::save_as).
     pub fn save_to(&mut self, backend: Arc<dyn Backend>) -> Result<SaveStats> {
-        let mut bound = Bound::connect(backend)?;
+        let mut bound = RepoLink::connect(backend)?;
         if let Some(old) = &self.repo {
             bound.seqs.clone_from(&old.seqs);
         }
@@ -358,7 +346,7 @@ impl Store {
     /// Replace heap chunks held only by saved versions with stored chunks. Their buffers
     /// leave the process: the pool is cut back to what it held before, so that the heap
     /// and the pool together hold about the working state after a save.
-    fn evict(&mut self, b: &Bound) {
+    fn evict(&mut self, b: &RepoLink) {
         let pooled_before = self.pool().map(Pool::buffers);
         self.evict_chunks(b);
         if let (Some(pool), Some(keep)) = (self.pool(), pooled_before) {
@@ -366,7 +354,7 @@ impl Store {
         }
     }
 
-    fn evict_chunks(&mut self, b: &Bound) {
+    fn evict_chunks(&mut self, b: &RepoLink) {
         let working: HashSet<usize> = self
             .working
             .values()
@@ -422,7 +410,7 @@ impl Store {
 const MAX_SAVE_ROUNDS: usize = 4;
 
 /// The save protocol proper; `b` is updated with what became durable.
-fn save_into(hist: &mut History, b: &mut Bound) -> Result<Saved> {
+fn save_into(hist: &mut History, b: &mut RepoLink) -> Result<Saved> {
     let mut stats = SaveStats::default();
     let mut round = 0;
     loop {
@@ -465,7 +453,7 @@ fn save_into(hist: &mut History, b: &mut Bound) -> Result<Saved> {
 /// Write the versions the repository lacks (or that gc recorded or deleted): packs,
 /// index, manifests, versions, barrier; record them in `b`. Returns whether anything was
 /// written.
-fn write_objects(hist: &History, b: &mut Bound, stats: &mut SaveStats) -> Result<bool> {
+fn write_objects(hist: &History, b: &mut RepoLink, stats: &mut SaveStats) -> Result<bool> {
     let backend = b.backend.clone();
     let written_before = stats.bytes_written;
     let mut redo = b.gc_keys.clone();
@@ -588,7 +576,7 @@ fn write_objects(hist: &History, b: &mut Bound, stats: &mut SaveStats) -> Result
 }
 
 /// Move the refs (create-if-absent entries), then write prune markers and HEAD.
-fn write_refs(hist: &History, b: &mut Bound, mut stats: SaveStats) -> Result<Saved> {
+fn write_refs(hist: &History, b: &mut RepoLink, mut stats: SaveStats) -> Result<Saved> {
     let backend = b.backend.clone();
     // Refs: one create-if-absent log entry per ref that changed.
     let hash_of = |v: VersionId| b.saved.get(&v).copied();
@@ -723,7 +711,10 @@ fn write_refs(hist: &History, b: &mut Bound, mut stats: SaveStats) -> Result<Sav
 
 /// The versions (content addresses) that `roots` reach through their saved parents and
 /// prune markers, or `None` if one of them is not known to this store (not loaded yet).
-fn reached_by(b: &Bound, roots: impl Iterator<Item = ContentHash>) -> Option<HashSet<ContentHash>> {
+fn reached_by(
+    b: &RepoLink,
+    roots: impl Iterator<Item = ContentHash>,
+) -> Option<HashSet<ContentHash>> {
     let mut seen = HashSet::new();
     let mut stack: Vec<ContentHash> = roots.collect();
     while let Some(h) = stack.pop() {
@@ -738,7 +729,7 @@ fn reached_by(b: &Bound, roots: impl Iterator<Item = ContentHash>) -> Option<Has
 
 /// Whether writing `want` over the repository's `theirs` loses nothing: both are the
 /// same kind and `theirs`' version is an ancestor of `want`'s (which this store holds).
-fn fast_forward(hist: &History, b: &Bound, theirs: &RefEntry, want: &RefEntry) -> bool {
+fn fast_forward(hist: &History, b: &RepoLink, theirs: &RefEntry, want: &RefEntry) -> bool {
     if theirs.kind != want.kind || want.kind == EntryKind::Deleted {
         return false;
     }

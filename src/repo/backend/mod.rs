@@ -21,6 +21,7 @@
 
 use std::fmt;
 use std::ops::Range;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::SystemTime;
 
@@ -184,6 +185,14 @@ pub trait Backend: fmt::Debug + Send + Sync {
 
     /// Where the objects live, as a user would write it (a path or a URL).
     fn location(&self) -> String;
+}
+
+/// [`open_location`] for a path that may not be UTF-8.
+pub(crate) fn open_path(location: &Path) -> Result<Arc<dyn Backend>> {
+    match location.to_str() {
+        Some(s) => open_location(s),
+        None => Ok(Arc::new(LocalDir::new(location)?)),
+    }
 }
 
 /// Whether `e` says an object does not exist.

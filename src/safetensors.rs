@@ -23,8 +23,8 @@ use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::Path;
 
-use safetensors::tensor::{Dtype, Metadata, TensorInfo};
-use safetensors::SafeTensors;
+use ::safetensors::tensor::{Dtype, Metadata, TensorInfo};
+use ::safetensors::SafeTensors;
 
 use crate::element::DType;
 use crate::error::{Error, Result};

@@ -1,0 +1,305 @@
+//! The chunk source of a repository: its chunk index (read from the index files), and
+//! the loader of stored chunks, which reads them from their packs on first use.
+
+use std::collections::{HashMap, HashSet};
+use std::fmt;
+use std::sync::{Arc, Mutex, RwLock};
+
+use super::backend::{is_not_found, Backend, Bytes};
+use super::format::{
+    corrupt, encode, id_of_key, pack_key, parse_index, IndexBody, Kind, INDEX_PREFIX,
+};
+use super::pack::{self, Loc};
+use crate::chunk::{Chunk, ChunkSource, WeakChunk};
+use crate::error::{Error, Result};
+use crate::hash::ContentHash;
+
+/// Builds [`IdHasher`]s with a per-process random key.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct IdState(u64);
+
+impl Default for IdState {
+    fn default() -> Self {
+        use std::hash::BuildHasher;
+        static KEY: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+        IdState(*KEY.get_or_init(|| std::collections::hash_map::RandomState::new().hash_one(0u64)))
+    }
+}
+
+impl std::hash::BuildHasher for IdState {
+    type Hasher = IdHasher;
+    fn build_hasher(&self) -> IdHasher {
+        IdHasher(self.0)
+    }
+}
+
+/// Hashes content ids for hash maps: a keyed folded multiply over their 8-byte words,
+/// several times cheaper than SipHash on the tens of thousands of chunk ids an open
+/// looks up. The per-process key keeps a crafted repository from aiming collisions.
+pub(crate) struct IdHasher(u64);
+
+impl IdHasher {
+    fn mix(&mut self, w: u64) {
+        let m = u128::from(self.0 ^ w) * 0x9E37_79B9_7F4A_7C15_u128;
+        self.0 = (m as u64) ^ ((m >> 64) as u64);
+    }
+}
+
+impl std::hash::Hasher for IdHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for c in bytes.chunks(8) {
+            let mut w = [0u8; 8];
+            w[..c.len()].copy_from_slice(c);
+            self.mix(u64::from_le_bytes(w));
+        }
+    }
+
+    fn write_usize(&mut self, n: usize) {
+        self.mix(n as u64);
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+/// A hash map keyed by content ids.
+pub(crate) type IdMap<V> = HashMap<ContentHash, V, IdState>;
+
+/// The chunk index of a repository, and the loader of stored chunks.
+pub(crate) struct RepoChunks {
+    pub(crate) backend: Arc<dyn Backend>,
+    pub(crate) index: RwLock<IdMap<Loc>>,
+    /// Index files read into `index`.
+    indexes: Mutex<HashSet<ContentHash>>,
+    /// Index files that failed their checksum (left by an interrupted save, or damaged).
+    pub(crate) bad_indexes: Mutex<Vec<String>>,
+    /// Index ids that some index read supersedes.
+    superseded: Mutex<HashSet<ContentHash>>,
+    /// Stored chunks handed out, so that each is one shared handle; sharded by the
+    /// first byte of the id so that tensors built in parallel rarely wait.
+    stored: [Mutex<IdMap<WeakChunk>>; STORED_SHARDS],
+}
+
+/// Shards of [`RepoChunks`]'s table of stored chunks.
+const STORED_SHARDS: usize = 16;
+
+impl fmt::Debug for RepoChunks {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RepoChunks")
+            .field("backend", &self.backend.location())
+            .finish()
+    }
+}
+
+impl RepoChunks {
+    /// The chunk index of the repository behind `backend`, empty until
+    /// [`read_indexes`](Self::read_indexes).
+    pub(crate) fn new(backend: Arc<dyn Backend>) -> RepoChunks {
+        RepoChunks {
+            backend,
+            index: RwLock::new(IdMap::default()),
+            indexes: Mutex::new(HashSet::new()),
+            bad_indexes: Mutex::new(Vec::new()),
+            superseded: Mutex::new(HashSet::new()),
+            stored: std::array::from_fn(|_| Mutex::new(IdMap::default())),
+        }
+    }
+
+    /// The one shared handle of stored chunk `id` of `len` bytes.
+    pub(crate) fn stored_chunk(self: &Arc<Self>, id: ContentHash, len: usize) -> Chunk {
+        let shard = &self.stored[usize::from(id.0[0]) % STORED_SHARDS];
+        let mut cache = shard.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(c) = cache.get(&id).and_then(WeakChunk::upgrade) {
+            if c.len_bytes() == len {
+                return c;
+            }
+        }
+        let source: Arc<dyn ChunkSource> = self.clone();
+        let c = Chunk::stored(id, len, source);
+        if cache.len() > 1024 && cache.len().is_power_of_two() {
+            cache.retain(|_, w| w.is_alive());
+        }
+        cache.insert(id, c.downgrade());
+        c
+    }
+
+    pub(crate) fn locate(&self, id: &ContentHash) -> Option<Loc> {
+        self.index
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(id)
+            .copied()
+    }
+
+    /// [`locate`](Self::locate) for many ids under one lock.
+    pub(crate) fn locate_all(&self, ids: &[ContentHash]) -> Vec<Option<Loc>> {
+        let idx = self.index.read().unwrap_or_else(|p| p.into_inner());
+        ids.iter().map(|id| idx.get(id).copied()).collect()
+    }
+
+    pub(crate) fn contains(&self, id: &ContentHash) -> bool {
+        self.locate(id).is_some()
+    }
+
+    /// The error for a chunk that no index lists.
+    pub(crate) fn missing(&self, id: &ContentHash, wanted_by: &str) -> Error {
+        let bad = self.bad_indexes.lock().unwrap_or_else(|p| p.into_inner());
+        match bad.first() {
+            Some(path) => corrupt(
+                path,
+                format!("unreadable index; chunk {id} of `{wanted_by}` is in no readable index"),
+            ),
+            None => match pack::unindexed_pack_holding(&*self.backend, &self.indexed_packs(), id) {
+                Some(pack) => corrupt(
+                    &pack,
+                    format!(
+                        "chunk {id} of `{wanted_by}` is in this pack, but no index lists the \
+                         pack (its index file is missing)"
+                    ),
+                ),
+                None => corrupt(wanted_by, format!("chunk {id} is in no index")),
+            },
+        }
+    }
+}
+
+impl RepoChunks {
+    /// The packs the index files read name.
+    fn indexed_packs(&self) -> HashSet<ContentHash> {
+        self.index
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .map(|l| l.pack)
+            .collect()
+    }
+
+    /// Encode index `body` so that its id is not one that an index in the repository
+    /// supersedes (readers would skip it): an index of the same content as a superseded
+    /// one (a save writing chunks again into the same pack a gc deleted) also supersedes
+    /// an id that names no index, derived from the superseded one.
+    pub(crate) fn encode_index(&self, body: &mut IndexBody) -> (Vec<u8>, ContentHash) {
+        let superseded = self.superseded.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            let (bytes, id) = encode(Kind::Index, &*body);
+            if !superseded.contains(&id) {
+                return (bytes, id);
+            }
+            let mut salt = b"tensor-history index salt".to_vec();
+            salt.extend_from_slice(&id.0);
+            body.supersedes.push(ContentHash::of_bytes(&salt).0);
+        }
+    }
+
+    /// Remember that index file `id` (written by this store) is in `index`.
+    pub(crate) fn note_index(&self, id: Option<ContentHash>) {
+        self.indexes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .extend(id);
+    }
+
+    /// Read the index files not read yet; with `all`, forget everything and read every
+    /// index file again (after gc rewrote packs). Returns whether everything was read
+    /// again because a gc replaced an index read before (so it deleted objects).
+    pub(crate) fn read_indexes(&self, all: bool) -> Result<bool> {
+        let known: HashSet<ContentHash> = if all {
+            HashSet::new()
+        } else {
+            self.indexes
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone()
+        };
+        let mut fresh = Vec::new();
+        let mut superseded: HashSet<ContentHash> = HashSet::new();
+        let mut bad = Vec::new();
+        for o in self.backend.list(INDEX_PREFIX)? {
+            let Some(id) = id_of_key(&o.key, "thidx") else {
+                continue;
+            };
+            if known.contains(&id) {
+                continue;
+            }
+            let bytes = match self.backend.get(&o.key) {
+                Ok(b) => b,
+                Err(e) if is_not_found(&e) => continue,
+                Err(e) => return Err(e),
+            };
+            match parse_index(&o.key, &bytes, Some(&id)) {
+                Ok(body) => {
+                    superseded.extend(body.supersedes.iter().map(|h| ContentHash(*h)));
+                    fresh.push((id, body));
+                }
+                // Left by an interrupted save (never referenced) or damaged: chunks that
+                // only it lists are reported as missing when needed.
+                Err(Error::CorruptObject { path, .. }) => bad.push(path),
+                Err(e) => return Err(e),
+            }
+        }
+        if !all && superseded.iter().any(|h| known.contains(h)) {
+            // gc replaced an index this store read (its packs may be gone): start over.
+            self.read_indexes(true)?;
+            return Ok(true);
+        }
+        self.superseded
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .extend(superseded.iter().copied());
+        let mut idx = self.index.write().unwrap_or_else(|p| p.into_inner());
+        let mut indexes = self.indexes.lock().unwrap_or_else(|p| p.into_inner());
+        if all {
+            idx.clear();
+            indexes.clear();
+        }
+        *self.bad_indexes.lock().unwrap_or_else(|p| p.into_inner()) = bad;
+        for (id, body) in fresh {
+            indexes.insert(id);
+            if superseded.contains(&id) {
+                continue;
+            }
+            for p in &body.packs {
+                for e in &p.chunks {
+                    idx.insert(
+                        ContentHash(e.id),
+                        Loc {
+                            pack: ContentHash(p.pack),
+                            span: e.span,
+                        },
+                    );
+                }
+            }
+        }
+        Ok(all)
+    }
+
+    fn load_once(&self, id: &ContentHash, len: usize) -> Result<Bytes> {
+        let loc = self
+            .locate(id)
+            .ok_or_else(|| self.missing(id, "a stored chunk"))?;
+        if loc.span.raw_len() != len as u64 {
+            return Err(corrupt(
+                &pack_key(&loc.pack),
+                format!(
+                    "chunk {id} is {} bytes in the index, {len} in its tensor",
+                    loc.span.raw_len()
+                ),
+            ));
+        }
+        pack::read_chunk(&*self.backend, id, &loc)
+    }
+}
+
+impl ChunkSource for RepoChunks {
+    fn load(&self, id: &ContentHash, len: usize) -> Result<Bytes> {
+        match self.load_once(id, len) {
+            // gc may have rewritten the pack: read the indexes again and retry once.
+            Err(e) if is_not_found(&e) || self.locate(id).is_none() => {
+                self.read_indexes(true)?;
+                self.load_once(id, len)
+            }
+            r => r,
+        }
+    }
+}
