@@ -83,6 +83,14 @@ impl AlignedBuf {
             len: data.len(),
         }))
     }
+
+    /// `len` word-aligned bytes written by `fill` (which is given them zeroed), as
+    /// [`Bytes`].
+    pub(crate) fn filled(len: usize, fill: impl FnOnce(&mut [u8])) -> Bytes {
+        let mut words = vec![0u64; len.div_ceil(8)];
+        fill(&mut bytemuck::cast_slice_mut::<u64, u8>(&mut words)[..len]);
+        Bytes::new(Arc::new(AlignedBuf { words, len }))
+    }
 }
 
 impl AsRef<[u8]> for AlignedBuf {

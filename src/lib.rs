@@ -111,6 +111,7 @@ struct ReadmeDoctests;
 
 mod buffer;
 mod chunk;
+pub mod codec;
 mod config;
 #[cfg(test)]
 mod core_tests;

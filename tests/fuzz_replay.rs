@@ -10,6 +10,8 @@ use std::path::Path;
 
 use arbitrary::{Arbitrary, Unstructured};
 
+#[path = "../fuzz/logic/chunk_decode.rs"]
+mod chunk_decode;
 #[path = "../fuzz/logic/repo_object.rs"]
 mod repo_object;
 #[path = "../fuzz/logic/safetensors_import.rs"]
@@ -38,6 +40,10 @@ fn repo_object(data: &[u8]) -> Result<(), String> {
     panics_as_failure(repo_object::run, data)
 }
 
+fn chunk_decode(data: &[u8]) -> Result<(), String> {
+    panics_as_failure(chunk_decode::run, data)
+}
+
 fn safetensors_import(data: &[u8]) -> Result<(), String> {
     panics_as_failure(safetensors_import::run, data)
 }
@@ -52,6 +58,7 @@ const TARGETS: &[(&str, Runner, usize)] = &[
     ("store_actions", store_actions, 1),
     ("repo_object", repo_object, 9),
     ("safetensors_import", safetensors_import, 7),
+    ("chunk_decode", chunk_decode, 8),
 ];
 
 #[test]

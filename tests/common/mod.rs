@@ -104,3 +104,28 @@ pub fn cases(default: u32) -> u32 {
         .find_map(|k| std::env::var(k).ok()?.parse().ok())
         .unwrap_or(default)
 }
+
+/// Chunk lengths in bytes at the boundaries of the codec's byte planes: empty, shorter
+/// than every element width, one element of each width and one byte more or less, a
+/// few whole elements with a remainder, and full chunks of common sizes.
+pub const CODEC_CHUNK_LENS: &[usize] = &[
+    0,
+    1,
+    2,
+    3,
+    4,
+    5,
+    7,
+    8,
+    9,
+    15,
+    16,
+    17,
+    63,
+    64,
+    65,
+    1000,
+    4096,
+    65_536 + 3,
+    256 * 1024,
+];

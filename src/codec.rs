@@ -1,0 +1,682 @@
+//! The chunk codec: how a chunk's raw bytes are stored in fewer bytes, losslessly.
+//!
+//! A chunk is stored in one of three ways, chosen per chunk by what it saves:
+//!
+//! - **raw**: the bytes as they are;
+//! - **planes**: the elements' bytes grouped by position (byte plane 0 of every element,
+//!   then plane 1, ...: a float's sign and exponent bytes, which vary little, end up
+//!   next to each other), then compressed with zstd;
+//! - **XOR delta**: the bytes XOR-ed with a *base* chunk of the same length (the same
+//!   variable's chunk in an earlier version), then grouped into planes and compressed.
+//!   After a dense training step most elements keep their sign, exponent and high
+//!   mantissa bits, so the XOR is mostly zero bytes in every plane but the lowest.
+//!
+//! A chunk is stored raw unless coding saves at least [`MIN_SAVING_DIVISOR`]⁻¹ of its
+//! length (a coded chunk costs a decode on every read). The chunk's id stays the BLAKE3
+//! hash of its raw bytes whatever its encoding, and [`decode`] checks the bytes it
+//! produces against that id, so a damaged encoding, or a wrong base, is an error and
+//! never wrong data.
+//!
+//! # Encoded form
+//!
+//! An encoded chunk is self-describing: a header, then the payload.
+//!
+//! ```text
+//! offset  size  field
+//! 0       1     codec version (1)
+//! 1       1     method: 0 raw, 1 planes + zstd, 2 XOR delta + planes + zstd
+//! 2       1     element width in bytes: 1, 2, 4 or 8
+//! 3       1     reserved, 0
+//! 4       8     raw length in bytes, little-endian
+//! 12      32    the base chunk's id (XOR delta only)
+//! 12|44   ...   payload: the raw bytes (raw), or one zstd frame of the planes
+//! ```
+//!
+//! The planes of `n = raw_len / width` elements are `width` runs of `n` bytes (run `p`
+//! holds byte `p` of every element, little-endian), followed by the `raw_len % width`
+//! trailing bytes unchanged.
+//!
+//! # Bounds
+//!
+//! [`decode`] allocates at most the raw length the header states, and refuses a header
+//! that states more than the caller's bound (the chunk size the caller expects), so a
+//! damaged or hostile input cannot make it allocate more.
+
+use std::cell::RefCell;
+use std::fmt;
+
+use rayon::prelude::*;
+
+use crate::buffer::{AlignedBuf, Bytes};
+use crate::hash::ContentHash;
+
+/// The codec version in the first byte of every encoded chunk.
+pub const CODEC_VERSION: u8 = 1;
+
+/// zstd level of [`encode`]: 3, zstd's default (ratios on training checkpoints in
+/// `benches/README.md`).
+pub const ZSTD_LEVEL: i32 = 3;
+
+/// A coded chunk is kept only if it is at most `len - len / MIN_SAVING_DIVISOR` bytes
+/// (it saves at least 4%); otherwise the chunk is stored raw.
+pub const MIN_SAVING_DIVISOR: usize = 25;
+
+/// Bytes of the header without a base id.
+pub const HEADER_LEN: usize = 12;
+
+/// Bytes of the header of an XOR delta (with the base id).
+pub const DELTA_HEADER_LEN: usize = HEADER_LEN + 32;
+
+/// How a chunk is stored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Method {
+    /// The raw bytes.
+    Raw,
+    /// Byte planes, zstd-compressed.
+    Planes,
+    /// XOR against a base chunk, then byte planes, zstd-compressed.
+    XorPlanes,
+}
+
+impl Method {
+    fn tag(self) -> u8 {
+        match self {
+            Method::Raw => 0,
+            Method::Planes => 1,
+            Method::XorPlanes => 2,
+        }
+    }
+
+    fn from_tag(tag: u8) -> Option<Method> {
+        match tag {
+            0 => Some(Method::Raw),
+            1 => Some(Method::Planes),
+            2 => Some(Method::XorPlanes),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for Method {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Method::Raw => "raw",
+            Method::Planes => "planes",
+            Method::XorPlanes => "xor-delta",
+        })
+    }
+}
+
+/// Why an encoded chunk could not be decoded. Every damaged input gives one of these,
+/// never a panic or wrong bytes.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum CodecError {
+    /// The input ends before its header (or its raw payload) does.
+    #[error("encoded chunk truncated: {needed} bytes needed, {found} found")]
+    Truncated {
+        /// Bytes the header (or the raw payload) needs.
+        needed: usize,
+        /// Bytes there are.
+        found: usize,
+    },
+    /// The first byte is not a codec version this build reads.
+    #[error("encoded chunk of codec version {found}, this build reads version {CODEC_VERSION}")]
+    UnsupportedVersion {
+        /// The version byte.
+        found: u8,
+    },
+    /// The method byte names no method.
+    #[error("encoded chunk of unknown method {found}")]
+    UnknownMethod {
+        /// The method byte.
+        found: u8,
+    },
+    /// The element width is not 1, 2, 4 or 8, or the reserved byte is not 0.
+    #[error("encoded chunk header is damaged: {reason}")]
+    BadHeader {
+        /// What is wrong.
+        reason: String,
+    },
+    /// The header states a raw length above the caller's bound.
+    #[error("encoded chunk states {raw_len} raw bytes, more than the {max} expected")]
+    TooLarge {
+        /// The raw length the header states.
+        raw_len: u64,
+        /// The bound.
+        max: usize,
+    },
+    /// The chunk is an XOR delta and no base was given.
+    #[error("encoded chunk is a delta against chunk {base}, which was not given")]
+    MissingBase {
+        /// The base the header names.
+        base: ContentHash,
+    },
+    /// The base given has another length than the chunk.
+    #[error("delta base of {found} bytes for a chunk of {expected}")]
+    BaseLength {
+        /// The chunk's raw length.
+        expected: usize,
+        /// The base's length.
+        found: usize,
+    },
+    /// The compressed payload does not decompress to the stated length.
+    #[error("encoded chunk payload is damaged: {reason}")]
+    BadPayload {
+        /// What zstd (or the length check) reported.
+        reason: String,
+    },
+    /// The decoded bytes do not have the chunk's id (a damaged payload, or a wrong base).
+    #[error("decoded chunk has hash {found}, expected {expected}")]
+    HashMismatch {
+        /// The chunk's id.
+        expected: ContentHash,
+        /// The hash of the decoded bytes.
+        found: ContentHash,
+    },
+}
+
+/// The header of an encoded chunk.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Header {
+    /// How the payload is coded.
+    pub method: Method,
+    /// Element width in bytes (1, 2, 4 or 8).
+    pub width: usize,
+    /// Length of the raw chunk.
+    pub raw_len: usize,
+    /// The base of an XOR delta.
+    pub base: Option<ContentHash>,
+}
+
+impl Header {
+    /// Bytes of this header in the encoded form.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        if self.base.is_some() {
+            DELTA_HEADER_LEN
+        } else {
+            HEADER_LEN
+        }
+    }
+
+    /// Never true: a header has at least [`HEADER_LEN`] bytes.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+
+    fn write(&self, out: &mut Vec<u8>) {
+        out.push(CODEC_VERSION);
+        out.push(self.method.tag());
+        out.push(self.width as u8);
+        out.push(0);
+        out.extend_from_slice(&(self.raw_len as u64).to_le_bytes());
+        if let Some(b) = &self.base {
+            out.extend_from_slice(b.as_bytes());
+        }
+    }
+
+    /// Parse the header at the start of `encoded`, refusing a raw length above `max_raw`.
+    /// O(1).
+    ///
+    /// # Errors
+    ///
+    /// [`CodecError::Truncated`], [`CodecError::UnsupportedVersion`],
+    /// [`CodecError::UnknownMethod`], [`CodecError::BadHeader`], [`CodecError::TooLarge`].
+    pub fn parse(encoded: &[u8], max_raw: usize) -> Result<Header, CodecError> {
+        if encoded.len() < HEADER_LEN {
+            return Err(CodecError::Truncated {
+                needed: HEADER_LEN,
+                found: encoded.len(),
+            });
+        }
+        if encoded[0] != CODEC_VERSION {
+            return Err(CodecError::UnsupportedVersion { found: encoded[0] });
+        }
+        let method =
+            Method::from_tag(encoded[1]).ok_or(CodecError::UnknownMethod { found: encoded[1] })?;
+        let width = usize::from(encoded[2]);
+        if !matches!(width, 1 | 2 | 4 | 8) {
+            return Err(CodecError::BadHeader {
+                reason: format!("element width {width}"),
+            });
+        }
+        if encoded[3] != 0 {
+            return Err(CodecError::BadHeader {
+                reason: format!("reserved byte {}", encoded[3]),
+            });
+        }
+        let mut len = [0u8; 8];
+        len.copy_from_slice(&encoded[4..12]);
+        let raw_len = u64::from_le_bytes(len);
+        if raw_len > max_raw as u64 {
+            return Err(CodecError::TooLarge {
+                raw_len,
+                max: max_raw,
+            });
+        }
+        let base = if method == Method::XorPlanes {
+            if encoded.len() < DELTA_HEADER_LEN {
+                return Err(CodecError::Truncated {
+                    needed: DELTA_HEADER_LEN,
+                    found: encoded.len(),
+                });
+            }
+            let mut id = [0u8; 32];
+            id.copy_from_slice(&encoded[HEADER_LEN..DELTA_HEADER_LEN]);
+            Some(ContentHash(id))
+        } else {
+            None
+        };
+        Ok(Header {
+            method,
+            width,
+            // raw_len <= max_raw, a usize.
+            raw_len: raw_len as usize,
+            base,
+        })
+    }
+}
+
+/// A chunk in its encoded form: header and payload, in one buffer.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Encoded {
+    header: Header,
+    bytes: Vec<u8>,
+}
+
+impl Encoded {
+    /// The header.
+    #[must_use]
+    pub fn header(&self) -> &Header {
+        &self.header
+    }
+
+    /// How the chunk is coded.
+    #[must_use]
+    pub fn method(&self) -> Method {
+        self.header.method
+    }
+
+    /// The base chunk an XOR delta needs to decode.
+    #[must_use]
+    pub fn base(&self) -> Option<ContentHash> {
+        self.header.base
+    }
+
+    /// The whole encoded form (header and payload).
+    #[must_use]
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.bytes
+    }
+
+    /// The encoded form, by value.
+    #[must_use]
+    pub fn into_bytes(self) -> Vec<u8> {
+        self.bytes
+    }
+
+    /// Bytes of the encoded form.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.bytes.len()
+    }
+
+    /// Never true: an encoded chunk has a header.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+}
+
+impl fmt::Debug for Encoded {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Encoded")
+            .field("header", &self.header)
+            .field("len", &self.bytes.len())
+            .finish()
+    }
+}
+
+/// A width this codec groups by: 1, 2, 4 or 8 (others are grouped as single bytes).
+fn plane_width(width: usize) -> usize {
+    if matches!(width, 1 | 2 | 4 | 8) {
+        width
+    } else {
+        1
+    }
+}
+
+/// `dst` := the byte planes of `src ^ base` (or of `src`), trailing bytes last.
+fn split_planes(src: &[u8], base: Option<&[u8]>, width: usize, dst: &mut [u8]) {
+    debug_assert_eq!(src.len(), dst.len(), "planes are as long as the chunk");
+    match width {
+        2 => split::<2>(src, base, dst),
+        4 => split::<4>(src, base, dst),
+        8 => split::<8>(src, base, dst),
+        _ => match base {
+            Some(b) => dst
+                .iter_mut()
+                .zip(src.iter().zip(b))
+                .for_each(|(d, (s, b))| *d = s ^ b),
+            None => dst.copy_from_slice(src),
+        },
+    }
+}
+
+fn split<const W: usize>(src: &[u8], base: Option<&[u8]>, dst: &mut [u8]) {
+    let n = src.len() / W;
+    let (planes, tail) = dst.split_at_mut(n * W);
+    let outs: [&mut [u8]; W] = {
+        let mut rest = planes;
+        std::array::from_fn(|_| {
+            let (a, b) = std::mem::take(&mut rest).split_at_mut(n);
+            rest = b;
+            a
+        })
+    };
+    let body = &src[..n * W];
+    match base {
+        Some(b) => {
+            for (i, (e, be)) in body.chunks_exact(W).zip(b.chunks_exact(W)).enumerate() {
+                for p in 0..W {
+                    outs[p][i] = e[p] ^ be[p];
+                }
+            }
+            for ((d, s), b) in tail.iter_mut().zip(&src[n * W..]).zip(&b[n * W..]) {
+                *d = s ^ b;
+            }
+        }
+        None => {
+            for (i, e) in body.chunks_exact(W).enumerate() {
+                for p in 0..W {
+                    outs[p][i] = e[p];
+                }
+            }
+            tail.copy_from_slice(&src[n * W..]);
+        }
+    }
+}
+
+/// `dst` := the bytes whose planes (of their XOR with `base`, if given) are `planes`.
+fn join_planes(planes: &[u8], base: Option<&[u8]>, width: usize, dst: &mut [u8]) {
+    debug_assert_eq!(planes.len(), dst.len(), "planes are as long as the chunk");
+    match width {
+        2 => join::<2>(planes, base, dst),
+        4 => join::<4>(planes, base, dst),
+        8 => join::<8>(planes, base, dst),
+        _ => match base {
+            Some(b) => dst
+                .iter_mut()
+                .zip(planes.iter().zip(b))
+                .for_each(|(d, (s, b))| *d = s ^ b),
+            None => dst.copy_from_slice(planes),
+        },
+    }
+}
+
+fn join<const W: usize>(planes: &[u8], base: Option<&[u8]>, dst: &mut [u8]) {
+    let n = planes.len() / W;
+    let ins: [&[u8]; W] = std::array::from_fn(|p| &planes[p * n..(p + 1) * n]);
+    let tail = &planes[n * W..];
+    let (body, dtail) = dst.split_at_mut(n * W);
+    match base {
+        Some(b) => {
+            for (i, (e, be)) in body.chunks_exact_mut(W).zip(b.chunks_exact(W)).enumerate() {
+                for p in 0..W {
+                    e[p] = ins[p][i] ^ be[p];
+                }
+            }
+            for ((d, s), b) in dtail.iter_mut().zip(tail).zip(&b[n * W..]) {
+                *d = s ^ b;
+            }
+        }
+        None => {
+            for (i, e) in body.chunks_exact_mut(W).enumerate() {
+                for p in 0..W {
+                    e[p] = ins[p][i];
+                }
+            }
+            dtail.copy_from_slice(tail);
+        }
+    }
+}
+
+thread_local! {
+    static COMPRESSOR: RefCell<Option<zstd::bulk::Compressor<'static>>> =
+        const { RefCell::new(None) };
+    static DECOMPRESSOR: RefCell<Option<zstd::bulk::Decompressor<'static>>> =
+        const { RefCell::new(None) };
+}
+
+/// zstd-compress `src` into `out` (appended); `None` if zstd failed (out of memory).
+fn compress_into(src: &[u8], out: &mut Vec<u8>) -> Option<()> {
+    COMPRESSOR.with(|c| {
+        let mut c = c.borrow_mut();
+        if c.is_none() {
+            *c = zstd::bulk::Compressor::new(ZSTD_LEVEL).ok();
+        }
+        let comp = c.as_mut()?;
+        // zstd writes from the start of a `Vec`'s buffer: compress apart, then append.
+        let mut frame = Vec::with_capacity(zstd::zstd_safe::compress_bound(src.len()));
+        comp.compress_to_buffer(src, &mut frame).ok()?;
+        out.extend_from_slice(&frame);
+        Some(())
+    })
+}
+
+/// Decompress one zstd frame of exactly `len` bytes.
+fn decompress(payload: &[u8], len: usize) -> Result<Vec<u8>, CodecError> {
+    let bad = |reason: String| CodecError::BadPayload { reason };
+    DECOMPRESSOR.with(|d| {
+        let mut d = d.borrow_mut();
+        if d.is_none() {
+            *d = Some(zstd::bulk::Decompressor::new().map_err(|e| bad(e.to_string()))?);
+        }
+        let dec = d.as_mut().expect("set above");
+        // The frame must state its size, and state the header's: nothing is allocated for
+        // a frame that claims more (our encoder always records the size).
+        match zstd::zstd_safe::get_frame_content_size(payload) {
+            Ok(Some(n)) if n == len as u64 => {}
+            Ok(Some(n)) => return Err(bad(format!("frame of {n} bytes, {len} stated"))),
+            _ => return Err(bad("not a zstd frame that records its size".into())),
+        }
+        // At most `len` bytes: zstd stops with an error when the frame holds more.
+        let mut out = Vec::with_capacity(len);
+        let n = dec
+            .decompress_to_buffer(payload, &mut out)
+            .map_err(|e| bad(e.to_string()))?;
+        if n != len {
+            return Err(bad(format!("{n} bytes decompressed, {len} stated")));
+        }
+        Ok(out)
+    })
+}
+
+/// Encode with a given method (no choice): `base` is required for
+/// [`Method::XorPlanes`] and ignored otherwise. O(len).
+///
+/// # Panics
+///
+/// If `method` is [`Method::XorPlanes`] and `base` is `None` or of another length than
+/// `raw` (a programmer error: [`encode`] checks both).
+#[must_use]
+pub fn encode_as(
+    method: Method,
+    raw: &[u8],
+    width: usize,
+    base: Option<(&ContentHash, &[u8])>,
+) -> Encoded {
+    let width = plane_width(width);
+    let base = match method {
+        Method::XorPlanes => {
+            let b = base.expect("an XOR delta needs a base");
+            assert_eq!(b.1.len(), raw.len(), "a delta base has the chunk's length");
+            Some(b)
+        }
+        _ => None,
+    };
+    let header = Header {
+        method,
+        width,
+        raw_len: raw.len(),
+        base: base.map(|b| *b.0),
+    };
+    let mut bytes = Vec::with_capacity(header.len() + raw.len() / 2);
+    header.write(&mut bytes);
+    let coded = match method {
+        Method::Raw => None,
+        _ => {
+            let mut planes = vec![0u8; raw.len()];
+            split_planes(raw, base.map(|b| b.1), width, &mut planes);
+            compress_into(&planes, &mut bytes)
+        }
+    };
+    if coded.is_none() {
+        // Raw, or zstd could not run: store the bytes as they are.
+        let header = Header {
+            method: Method::Raw,
+            base: None,
+            ..header
+        };
+        bytes.clear();
+        header.write(&mut bytes);
+        bytes.extend_from_slice(raw);
+        return Encoded { header, bytes };
+    }
+    Encoded { header, bytes }
+}
+
+/// Encode a chunk of elements `width` bytes wide (1, 2, 4 or 8; any other width is
+/// grouped as single bytes), choosing the method by what it saves: an XOR delta against
+/// `base` (its id and raw bytes, used only if of the same length), or planes, or raw
+/// when neither saves at least 1/[`MIN_SAVING_DIVISOR`] of the length. O(len): a delta
+/// that halves the chunk is taken without trying planes alone; otherwise both are tried.
+#[must_use]
+pub fn encode(raw: &[u8], width: usize, base: Option<(&ContentHash, &[u8])>) -> Encoded {
+    let limit = raw.len() - raw.len() / MIN_SAVING_DIVISOR;
+    let mut best: Option<Encoded> = None;
+    if let Some(b) = base.filter(|b| b.1.len() == raw.len() && !raw.is_empty()) {
+        let d = encode_as(Method::XorPlanes, raw, width, Some(b));
+        if d.method() == Method::XorPlanes && d.len() <= raw.len() / 2 {
+            return d;
+        }
+        best = Some(d);
+    }
+    if !raw.is_empty() {
+        let p = encode_as(Method::Planes, raw, width, None);
+        if best.as_ref().is_none_or(|b| p.len() < b.len()) {
+            best = Some(p);
+        }
+    }
+    match best {
+        Some(b) if b.method() != Method::Raw && b.len() <= limit => b,
+        _ => encode_as(Method::Raw, raw, width, None),
+    }
+}
+
+/// Decode an encoded chunk whose id is `id` into 8-byte-aligned bytes, and check them
+/// against `id`. `base` is the raw bytes of the chunk the header names as base (needed
+/// for an XOR delta, ignored otherwise); `max_raw` bounds the raw length the header may
+/// state, and so what is allocated. O(raw length).
+///
+/// # Errors
+///
+/// A [`CodecError`] for a truncated, damaged or oversized input, a missing or wrong
+/// base, or decoded bytes that do not hash to `id`.
+pub fn decode(
+    encoded: &[u8],
+    id: &ContentHash,
+    max_raw: usize,
+    base: Option<&[u8]>,
+) -> Result<Bytes, CodecError> {
+    let header = Header::parse(encoded, max_raw)?;
+    let payload = &encoded[header.len()..];
+    let raw_len = header.raw_len;
+    let bytes = match header.method {
+        Method::Raw => {
+            if payload.len() != raw_len {
+                return Err(CodecError::Truncated {
+                    needed: header.len() + raw_len,
+                    found: encoded.len(),
+                });
+            }
+            AlignedBuf::bytes_of(payload)
+        }
+        Method::Planes | Method::XorPlanes => {
+            let base = match header.base {
+                Some(b) => {
+                    let bytes = base.ok_or(CodecError::MissingBase { base: b })?;
+                    if bytes.len() != raw_len {
+                        return Err(CodecError::BaseLength {
+                            expected: raw_len,
+                            found: bytes.len(),
+                        });
+                    }
+                    Some(bytes)
+                }
+                None => None,
+            };
+            let planes = decompress(payload, raw_len)?;
+            AlignedBuf::filled(raw_len, |dst| {
+                join_planes(&planes, base, header.width, dst);
+            })
+        }
+    };
+    let found = ContentHash::of_bytes(&bytes);
+    if found != *id {
+        return Err(CodecError::HashMismatch {
+            expected: *id,
+            found,
+        });
+    }
+    Ok(bytes)
+}
+
+/// One chunk to decode with [`decode_all`]: its encoded form, its id, and its base's raw
+/// bytes when it is a delta.
+#[derive(Clone, Copy, Debug)]
+pub struct DecodeJob<'a> {
+    /// The encoded form.
+    pub encoded: &'a [u8],
+    /// The chunk's id.
+    pub id: ContentHash,
+    /// The base's raw bytes (for an XOR delta).
+    pub base: Option<&'a [u8]>,
+}
+
+/// Decode many chunks in parallel on the crate's pool ([`crate::parallel`]), each as
+/// [`decode`] does, in order. O(total raw length / threads).
+#[must_use]
+pub fn decode_all(jobs: &[DecodeJob<'_>], max_raw: usize) -> Vec<Result<Bytes, CodecError>> {
+    crate::parallel::install(|| {
+        jobs.par_iter()
+            .map(|j| decode(j.encoded, &j.id, max_raw, j.base))
+            .collect()
+    })
+}
+
+/// One chunk to encode with [`encode_all`]: its raw bytes, element width and base (as
+/// [`encode`] takes them).
+#[derive(Clone, Copy, Debug)]
+pub struct EncodeJob<'a> {
+    /// The raw bytes.
+    pub raw: &'a [u8],
+    /// Element width in bytes.
+    pub width: usize,
+    /// The base's id and raw bytes, for an XOR delta.
+    pub base: Option<(&'a ContentHash, &'a [u8])>,
+}
+
+/// Encode many chunks in parallel on the crate's pool, each as [`encode`] does, in order.
+/// O(total length / threads).
+#[must_use]
+pub fn encode_all(jobs: &[EncodeJob<'_>]) -> Vec<Encoded> {
+    crate::parallel::install(|| {
+        jobs.par_iter()
+            .map(|j| encode(j.raw, j.width, j.base))
+            .collect()
+    })
+}

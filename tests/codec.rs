@@ -1,0 +1,407 @@
+//! The chunk codec: every dtype and chunk length through every method decodes bit for
+//! bit (NaN payloads, infinities, denormals and negative zero included), the method is
+//! chosen by what it saves, and damaged input gives a typed error, never a panic or
+//! wrong bytes.
+
+mod common;
+
+use common::CODEC_CHUNK_LENS;
+use proptest::prelude::*;
+use tensor_history::codec::{
+    decode, decode_all, encode, encode_all, encode_as, CodecError, DecodeJob, EncodeJob, Header,
+    Method, DELTA_HEADER_LEN, HEADER_LEN,
+};
+use tensor_history::{ContentHash, DType};
+
+/// A small deterministic generator (xorshift64*).
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+}
+
+/// Bit patterns every float codec path must keep: NaNs with payloads and signs,
+/// infinities, the smallest and largest denormals, negative zero, extremes.
+fn specials(dtype: DType) -> Vec<u64> {
+    match dtype {
+        DType::F32 => vec![
+            0x7fc0_0000,
+            0x7f80_0001,
+            0xffc0_0001,
+            0x7f80_0000,
+            0xff80_0000,
+            0x8000_0000,
+            0x0000_0001,
+            0x007f_ffff,
+            0x8000_0001,
+            0x7f7f_ffff,
+            0x0080_0000,
+        ],
+        DType::F64 => vec![
+            0x7ff8_0000_0000_0000,
+            0x7ff0_0000_0000_0001,
+            0xfff8_0000_0000_0001,
+            0x7ff0_0000_0000_0000,
+            0xfff0_0000_0000_0000,
+            0x8000_0000_0000_0000,
+            0x0000_0000_0000_0001,
+            0x000f_ffff_ffff_ffff,
+            0x7fef_ffff_ffff_ffff,
+        ],
+        // f16 and bf16: NaNs, infinities, -0, denormals.
+        DType::F16 => vec![
+            0x7e00, 0x7c01, 0xfe01, 0x7c00, 0xfc00, 0x8000, 0x0001, 0x03ff, 0x7bff,
+        ],
+        DType::BF16 => vec![
+            0x7fc0, 0x7f81, 0xffc1, 0x7f80, 0xff80, 0x8000, 0x0001, 0x007f, 0x7f7f,
+        ],
+        _ => vec![0, u64::MAX, 1, 1 << (dtype.size() * 8 - 1)],
+    }
+}
+
+/// `len` bytes of `dtype` elements: trained-weight-like values (small floats of one
+/// sign and magnitude range, or small integers), with every special value mixed in.
+fn values(dtype: DType, len: usize, seed: u64) -> Vec<u8> {
+    let mut rng = Rng(seed | 1);
+    let w = dtype.size();
+    let sp = specials(dtype);
+    let mut out = Vec::with_capacity(len + 8);
+    let mut i = 0;
+    while out.len() < len {
+        let bits: u64 = if i % 7 == 3 {
+            sp[(i / 7) % sp.len()]
+        } else {
+            let r = rng.next();
+            match dtype {
+                DType::F32 => u64::from((((r % 2000) as f32 - 1000.0) * 1e-5).to_bits()),
+                DType::F64 => (((r % 2000) as f64 - 1000.0) * 1e-5).to_bits(),
+                DType::F16 => {
+                    u64::from(half::f16::from_f32(((r % 2000) as f32 - 1000.0) * 1e-3).to_bits())
+                }
+                DType::BF16 => {
+                    u64::from(half::bf16::from_f32(((r % 2000) as f32 - 1000.0) * 1e-5).to_bits())
+                }
+                _ => r % 100,
+            }
+        };
+        out.extend_from_slice(&bits.to_le_bytes()[..w]);
+        i += 1;
+    }
+    out.truncate(len);
+    out
+}
+
+/// `raw` after a dense "training step": every element's lowest mantissa bits changed.
+fn stepped(raw: &[u8], width: usize, seed: u64) -> Vec<u8> {
+    let mut rng = Rng(seed | 1);
+    let mut out = raw.to_vec();
+    for e in out.chunks_mut(width) {
+        e[0] ^= rng.next() as u8;
+        if e.len() > 2 {
+            e[1] ^= (rng.next() & 0x3f) as u8;
+        }
+    }
+    out
+}
+
+fn id(bytes: &[u8]) -> ContentHash {
+    ContentHash::of_bytes(bytes)
+}
+
+fn round_trip(method: Method, raw: &[u8], width: usize, base: &[u8]) {
+    let base_id = id(base);
+    let e = encode_as(method, raw, width, Some((&base_id, base)));
+    assert_eq!(e.method(), method);
+    assert_eq!(e.header().raw_len, raw.len());
+    let back = decode(e.as_bytes(), &id(raw), raw.len(), Some(base))
+        .unwrap_or_else(|err| panic!("{method} of {} bytes, width {width}: {err}", raw.len()));
+    assert_eq!(
+        &*back,
+        raw,
+        "{method} of {} bytes, width {width}",
+        raw.len()
+    );
+    assert_eq!(
+        back.as_ptr() as usize % 8,
+        0,
+        "decoded bytes are 8-byte aligned"
+    );
+}
+
+#[test]
+fn every_dtype_and_chunk_length_round_trips_bit_for_bit_through_every_method() {
+    for dtype in DType::ALL {
+        for &len in CODEC_CHUNK_LENS {
+            let raw = values(dtype, len, len as u64 + 7);
+            let base = stepped(&raw, dtype.size(), len as u64);
+            for method in [Method::Raw, Method::Planes, Method::XorPlanes] {
+                round_trip(method, &raw, dtype.size(), &base);
+            }
+            // The chosen encoding too, with and without a base.
+            for base in [None, Some(&base)] {
+                let bid = base.map(|b| id(b));
+                let e = encode(&raw, dtype.size(), bid.as_ref().zip(base.map(|b| &b[..])));
+                let back = decode(e.as_bytes(), &id(&raw), len, base.map(|b| &b[..])).unwrap();
+                assert_eq!(&*back, &raw[..], "{dtype}, {len} bytes, {}", e.method());
+            }
+        }
+    }
+}
+
+#[test]
+fn boolean_and_odd_widths_are_grouped_as_bytes() {
+    let raw: Vec<u8> = (0..4099u32).map(|i| u8::from(i % 3 == 0)).collect();
+    for width in [1, 3, 5, 16] {
+        let e = encode(&raw, width, None);
+        assert_eq!(e.method(), Method::Planes, "a bool mask compresses");
+        assert_eq!(e.header().width, 1);
+        assert_eq!(
+            &*decode(e.as_bytes(), &id(&raw), raw.len(), None).unwrap(),
+            &raw[..]
+        );
+    }
+}
+
+#[test]
+fn a_dense_step_is_stored_as_an_xor_delta_smaller_than_planes_alone() {
+    let raw = values(DType::F32, 256 * 1024, 1);
+    let next = stepped(&raw, 4, 2);
+    let base_id = id(&raw);
+    let d = encode(&next, 4, Some((&base_id, &raw)));
+    assert_eq!(d.method(), Method::XorPlanes);
+    assert_eq!(d.base(), Some(base_id));
+    let p = encode_as(Method::Planes, &next, 4, None);
+    assert!(
+        d.len() * 3 < p.len() * 2,
+        "delta {} vs planes {}",
+        d.len(),
+        p.len()
+    );
+    assert_eq!(
+        &*decode(d.as_bytes(), &id(&next), next.len(), Some(&raw)).unwrap(),
+        &next[..]
+    );
+}
+
+#[test]
+fn incompressible_bytes_are_stored_raw() {
+    let mut rng = Rng(99);
+    let raw: Vec<u8> = (0..65_536).map(|_| rng.next() as u8).collect();
+    let e = encode(&raw, 4, None);
+    assert_eq!(e.method(), Method::Raw);
+    assert_eq!(e.len(), HEADER_LEN + raw.len());
+    // An unrelated base does not help either.
+    let other: Vec<u8> = (0..65_536).map(|_| rng.next() as u8).collect();
+    let oid = id(&other);
+    assert_eq!(encode(&raw, 4, Some((&oid, &other))).method(), Method::Raw);
+}
+
+#[test]
+fn a_base_of_another_length_is_not_used() {
+    let raw = values(DType::F32, 4096, 3);
+    let short = raw[..4092].to_vec();
+    let sid = id(&short);
+    let e = encode(&raw, 4, Some((&sid, &short)));
+    assert_ne!(e.method(), Method::XorPlanes);
+    assert_eq!(e.base(), None);
+}
+
+#[test]
+fn encode_all_and_decode_all_match_one_by_one() {
+    let raws: Vec<Vec<u8>> = (0..9)
+        .map(|i| values(DType::BF16, 10_000 + i, i as u64))
+        .collect();
+    let bases: Vec<Vec<u8>> = raws.iter().map(|r| stepped(r, 2, 5)).collect();
+    let bids: Vec<ContentHash> = bases.iter().map(|b| id(b)).collect();
+    let items: Vec<_> = raws
+        .iter()
+        .zip(&bases)
+        .zip(&bids)
+        .map(|((r, b), bid)| EncodeJob {
+            raw: r,
+            width: 2,
+            base: Some((bid, &b[..])),
+        })
+        .collect();
+    let encoded = encode_all(&items);
+    for ((e, r), b) in encoded.iter().zip(&raws).zip(&bases) {
+        assert_eq!(*e, encode(r, 2, Some((&id(b), b))));
+    }
+    let jobs: Vec<DecodeJob<'_>> = encoded
+        .iter()
+        .zip(&raws)
+        .zip(&bases)
+        .map(|((e, r), b)| DecodeJob {
+            encoded: e.as_bytes(),
+            id: id(r),
+            base: Some(b),
+        })
+        .collect();
+    for (out, r) in decode_all(&jobs, 1 << 20).into_iter().zip(&raws) {
+        assert_eq!(&*out.unwrap(), &r[..]);
+    }
+}
+
+// ---- damaged input ----
+
+fn sample() -> (Vec<u8>, Vec<u8>, Vec<Vec<u8>>) {
+    let base = values(DType::F32, 2048, 11);
+    let raw = stepped(&base, 4, 12);
+    let bid = id(&base);
+    let all = [Method::Raw, Method::Planes, Method::XorPlanes]
+        .iter()
+        .map(|&m| encode_as(m, &raw, 4, Some((&bid, &base))).into_bytes())
+        .collect();
+    (raw, base, all)
+}
+
+#[test]
+fn truncated_input_is_a_typed_error_at_every_length() {
+    let (raw, base, all) = sample();
+    for enc in &all {
+        for cut in 0..enc.len() {
+            let r = decode(&enc[..cut], &id(&raw), raw.len(), Some(&base));
+            assert!(
+                matches!(
+                    r,
+                    Err(CodecError::Truncated { .. } | CodecError::BadPayload { .. })
+                ),
+                "cut at {cut} of {}: {r:?}",
+                enc.len()
+            );
+        }
+    }
+}
+
+#[test]
+fn every_flipped_byte_gives_an_error_or_the_same_bytes() {
+    let (raw, base, all) = sample();
+    for enc in &all {
+        for i in 0..enc.len() {
+            for bit in [0x01u8, 0x80] {
+                let mut bad = enc.clone();
+                bad[i] ^= bit;
+                if let Ok(b) = decode(&bad, &id(&raw), raw.len(), Some(&base)) {
+                    assert_eq!(&*b, &raw[..], "flip at {i} gave other bytes");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn a_stated_length_above_the_bound_is_refused_before_allocating() {
+    let (raw, base, all) = sample();
+    for enc in &all {
+        let r = decode(enc, &id(&raw), raw.len() - 1, Some(&base));
+        assert!(
+            matches!(r, Err(CodecError::TooLarge { max, .. }) if max == raw.len() - 1),
+            "{r:?}"
+        );
+        // A header claiming an enormous chunk, with the bound wide open: still no
+        // allocation of that size (the payload cannot hold it).
+        let mut huge = enc.clone();
+        huge[4..12].copy_from_slice(&(1u64 << 50).to_le_bytes());
+        let r = decode(&huge, &id(&raw), usize::MAX, Some(&base));
+        assert!(r.is_err(), "{r:?}");
+    }
+}
+
+#[test]
+fn bad_header_fields_are_typed_errors() {
+    let (raw, base, all) = sample();
+    let planes = &all[1];
+    let check = |i: usize, v: u8| {
+        let mut bad = planes.clone();
+        bad[i] = v;
+        decode(&bad, &id(&raw), raw.len(), Some(&base)).unwrap_err()
+    };
+    assert_eq!(check(0, 9), CodecError::UnsupportedVersion { found: 9 });
+    assert_eq!(check(1, 7), CodecError::UnknownMethod { found: 7 });
+    assert!(matches!(check(2, 3), CodecError::BadHeader { .. }));
+    assert!(matches!(check(3, 1), CodecError::BadHeader { .. }));
+    assert_eq!(
+        Header::parse(&planes[..HEADER_LEN], usize::MAX)
+            .unwrap()
+            .method,
+        Method::Planes
+    );
+}
+
+#[test]
+fn a_delta_without_its_base_or_with_a_wrong_one_is_an_error() {
+    let (raw, base, all) = sample();
+    let delta = &all[2];
+    assert_eq!(delta[1], 2);
+    assert!(delta.len() > DELTA_HEADER_LEN);
+    let r = decode(delta, &id(&raw), raw.len(), None);
+    assert_eq!(r.unwrap_err(), CodecError::MissingBase { base: id(&base) });
+    let r = decode(delta, &id(&raw), raw.len(), Some(&base[..base.len() - 4]));
+    assert!(matches!(r, Err(CodecError::BaseLength { .. })), "{r:?}");
+    let mut wrong = base.clone();
+    wrong[100] ^= 1;
+    let r = decode(delta, &id(&raw), raw.len(), Some(&wrong));
+    assert!(
+        matches!(r, Err(CodecError::HashMismatch { expected, .. }) if expected == id(&raw)),
+        "{r:?}"
+    );
+}
+
+#[test]
+fn bytes_that_do_not_hash_to_the_id_are_an_error() {
+    let (raw, base, all) = sample();
+    for enc in &all {
+        let r = decode(enc, &id(b"something else"), raw.len(), Some(&base));
+        assert!(matches!(r, Err(CodecError::HashMismatch { .. })), "{r:?}");
+    }
+}
+
+fn width() -> impl Strategy<Value = usize> {
+    prop_oneof![Just(1usize), Just(2), Just(3), Just(4), Just(8)]
+}
+
+proptest! {
+    #[test]
+    fn arbitrary_bytes_round_trip_through_every_method(
+        raw in proptest::collection::vec(any::<u8>(), 0..600),
+        flips in proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 0..40),
+        width in width(),
+    ) {
+        let mut base = raw.clone();
+        if !base.is_empty() {
+            for (i, x) in &flips {
+                let i = i.index(base.len());
+                base[i] ^= x;
+            }
+        }
+        for method in [Method::Raw, Method::Planes, Method::XorPlanes] {
+            round_trip(method, &raw, width, &base);
+        }
+        let bid = id(&base);
+        let e = encode(&raw, width, Some((&bid, &base)));
+        prop_assert!(e.len() <= DELTA_HEADER_LEN + raw.len());
+        let back = decode(e.as_bytes(), &id(&raw), raw.len(), Some(&base)).unwrap();
+        prop_assert_eq!(&*back, &raw[..]);
+    }
+
+    #[test]
+    fn special_floats_round_trip_bit_for_bit(
+        picks in proptest::collection::vec(any::<prop::sample::Index>(), 1..300),
+        dtype in prop_oneof![Just(DType::F16), Just(DType::BF16), Just(DType::F32), Just(DType::F64)],
+    ) {
+        let sp = specials(dtype);
+        let mut raw = Vec::new();
+        for p in &picks {
+            raw.extend_from_slice(&sp[p.index(sp.len())].to_le_bytes()[..dtype.size()]);
+        }
+        let base = stepped(&raw, dtype.size(), picks.len() as u64);
+        for method in [Method::Raw, Method::Planes, Method::XorPlanes] {
+            round_trip(method, &raw, dtype.size(), &base);
+        }
+    }
+}
