@@ -1,6 +1,7 @@
 //! Chunks: immutable, `Arc`-shared pieces of a tensor's bytes with a lazily cached hash,
 //! and the pool that recycles their buffers.
 
+use std::any::Any;
 use std::fmt;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
@@ -9,10 +10,16 @@ use crate::element::Element;
 use crate::error::Result;
 use crate::hash::ContentHash;
 
-/// Where the bytes of a stored chunk come from (a repository's packs): `load` returns
-/// exactly `len` bytes, 8-byte aligned, already checked against `id`.
-pub(crate) trait ChunkSource: fmt::Debug + Send + Sync {
+/// Where the bytes of a stored chunk come from (a repository's packs, or an encoded form
+/// held in memory): `load` returns exactly `len` bytes, 8-byte aligned, already checked
+/// against `id`.
+pub(crate) trait ChunkSource: fmt::Debug + Send + Sync + Any {
     fn load(&self, id: &ContentHash, len: usize) -> Result<Bytes>;
+
+    /// Whether the source is an encoded form in memory (not a repository).
+    fn in_memory(&self) -> bool {
+        false
+    }
 }
 
 /// A chunk whose bytes live in a repository: loaded (mapped or fetched) on first read.
@@ -92,7 +99,22 @@ impl Chunk {
     /// Whether the bytes live in a repository (mapped or fetched) rather than on the heap.
     #[must_use]
     pub fn is_stored(&self) -> bool {
-        self.0.stored.is_some()
+        self.0
+            .stored
+            .as_ref()
+            .is_some_and(|s| !s.source.in_memory())
+    }
+
+    /// Whether the chunk is held encoded in memory (under a
+    /// [`memory_budget`](crate::Config::memory_budget)): its bytes are decoded when read.
+    #[must_use]
+    pub fn is_encoded(&self) -> bool {
+        self.0.stored.as_ref().is_some_and(|s| s.source.in_memory())
+    }
+
+    /// The source of a stored or encoded chunk.
+    pub(crate) fn source(&self) -> Option<&Arc<dyn ChunkSource>> {
+        self.0.stored.as_ref().map(|s| &s.source)
     }
 
     /// A stored chunk whose bytes are not loaded yet.

@@ -63,6 +63,21 @@ pub struct Config {
     /// version's changed chunks alive, so this is a bound on that memory.
     #[serde(default = "default_reflog_entries")]
     pub reflog_entries: usize,
+    /// Bytes of tensor data the history may hold in memory before old versions are
+    /// compressed (default `None`: no budget). When a commit finds the held bytes (see
+    /// [`Stats::held_bytes`](crate::Stats::held_bytes)) above the budget, a background
+    /// thread encodes the chunks of the oldest versions that neither HEAD nor the
+    /// working state holds: losslessly, as XOR deltas against the same chunk of the
+    /// parent version where that saves most (dense training steps), else byte planes,
+    /// with chains of at most [`MAX_DELTA_CHAIN`](crate::MAX_DELTA_CHAIN) deltas (see
+    /// [`codec`](crate::codec)). The encoded chunks replace the raw ones at the next
+    /// commit after the thread is done; reading such a version (restore, get, diff,
+    /// export, save) decodes what it reads. A commit, a `keep` and a revert to HEAD never
+    /// wait for encoding; [`Store::enforce_memory_budget`](crate::Store::enforce_memory_budget)
+    /// does it at once. HEAD and the working state stay raw, so the budget can be
+    /// exceeded by them (and by what no codec saves): it is a target, not a hard limit.
+    #[serde(default)]
+    pub memory_budget: Option<usize>,
 }
 
 fn default_reflog_entries() -> usize {
@@ -77,6 +92,7 @@ impl Default for Config {
             recycle_bytes: DEFAULT_RECYCLE_BYTES,
             stream_threshold_bytes: DEFAULT_STREAM_THRESHOLD_BYTES,
             reflog_entries: DEFAULT_REFLOG_ENTRIES,
+            memory_budget: None,
         }
     }
 }

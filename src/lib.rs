@@ -109,6 +109,7 @@
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;
 
+mod budget;
 mod buffer;
 mod chunk;
 pub mod codec;
@@ -135,6 +136,7 @@ mod tensor;
 mod text;
 mod version;
 
+pub use budget::MAX_DELTA_CHAIN;
 pub use buffer::Bytes;
 pub use chunk::{Chunk, WeakChunk};
 pub use config::{

@@ -22,10 +22,13 @@ pub struct Stats {
     pub unique_chunks: usize,
     /// Bytes of those chunks: the tensor data actually held.
     pub unique_bytes: usize,
-    /// Memory the buffers of those chunks hold: at least `unique_bytes`, since buffers
-    /// are whole 8-byte words and a buffer taken from the pool has the full `chunk_bytes`
-    /// even when its chunk is shorter (the last chunk of a tensor, or chunks of whole rows
-    /// that fill a chunk only in part).
+    /// Memory the buffers of those chunks hold: for raw chunks on the heap at least their
+    /// bytes, since buffers are whole 8-byte words and a buffer taken from the pool has
+    /// the full `chunk_bytes` even when its chunk is shorter (the last chunk of a tensor,
+    /// or chunks of whole rows that fill a chunk only in part); for chunks held encoded
+    /// (see [`Config::memory_budget`](crate::Config::memory_budget)) their encoded forms,
+    /// the bases their deltas keep alive, and decoded bytes kept after a read. Chunks in
+    /// a repository count nothing. This is what the memory budget bounds.
     pub held_bytes: usize,
     /// What one deep copy of every live version would hold, plus one of the working state
     /// when it has uncommitted changes (saturating at `usize::MAX`). A working state equal
@@ -36,8 +39,14 @@ pub struct Stats {
     pub sharing_ratio: f64,
     /// Freed chunk buffers kept for reuse (not counted in `unique_bytes`).
     pub pooled_bytes: usize,
-    /// Of `unique_bytes`, the bytes of chunks held on the heap.
+    /// Of `unique_bytes`, the bytes of chunks held raw on the heap.
     pub heap_bytes: usize,
+    /// Of `unique_bytes`, the (raw) bytes of chunks held encoded in memory.
+    pub encoded_bytes: usize,
+    /// Memory the encoded chunks hold (part of `held_bytes`): their encoded forms, the
+    /// bases their deltas keep alive, and decoded bytes kept after a read.
+    /// `encoded_bytes / encoded_held_bytes` is what encoding saves.
+    pub encoded_held_bytes: usize,
     /// Of `unique_bytes`, the bytes of chunks that live in a repository (mapped or
     /// fetched when read, not on the heap).
     pub stored_bytes: usize,
@@ -79,7 +88,8 @@ impl Store {
     pub fn stats(&self) -> Stats {
         let unique = self.unique_chunks();
         let unique_bytes: usize = unique.iter().map(|c| c.len_bytes()).sum();
-        let held_bytes: usize = unique.iter().map(|c| c.held_bytes()).sum();
+        let mem = crate::budget::memory_of(unique.iter().copied());
+        let held_bytes = mem.raw_held + mem.encoded_held;
         // Deep copies of many versions can count more bytes than a `usize` holds.
         let working = self.is_dirty().then_some(&self.working);
         let logical_bytes = working
@@ -102,9 +112,11 @@ impl Store {
             pooled_bytes: self.pooled_bytes(),
             heap_bytes: unique
                 .iter()
-                .filter(|c| !c.is_stored())
+                .filter(|c| !c.is_stored() && !c.is_encoded())
                 .map(|c| c.len_bytes())
                 .sum(),
+            encoded_bytes: mem.encoded_raw,
+            encoded_held_bytes: mem.encoded_held,
             stored_bytes: unique
                 .iter()
                 .filter(|c| c.is_stored())

@@ -34,6 +34,8 @@ pub struct Store {
     /// The repository this store saves to, if any. The one place the core names the
     /// repository layer: everything the store asks of it goes through this link.
     pub(crate) repo: Option<Box<crate::repo::RepoLink>>,
+    /// The background encoding under [`Config::memory_budget`].
+    pub(crate) budget: crate::budget::Budget,
 }
 
 impl Default for Store {
@@ -68,6 +70,7 @@ impl Store {
             working: Vars::new(),
             hist: History::default(),
             repo: None,
+            budget: crate::budget::Budget::default(),
         })
     }
 
@@ -924,6 +927,7 @@ impl Store {
         self.hist.move_head(id);
         self.hist.redo.clear();
         self.auto_retain();
+        self.budget_after_commit();
         Ok(id)
     }
 }

@@ -11,7 +11,9 @@ mod model;
 use proptest::prelude::*;
 use proptest::test_runner::FileFailurePersistence;
 
-use model::driver::{run, Op, LOSSES, REF_NAMES, SHAPES, STRATEGIES, VAR_NAMES, WEIGHTS};
+use model::driver::{
+    run, run_with_budget, Op, LOSSES, REF_NAMES, SHAPES, STRATEGIES, VAR_NAMES, WEIGHTS,
+};
 use model::VALUES;
 
 fn ref_name() -> impl Strategy<Value = usize> {
@@ -122,6 +124,15 @@ proptest! {
     #[test]
     fn merges_match_deep_copy_model(ops in prop::collection::vec(merge_op(), 1..40)) {
         run(None, &ops)?;
+    }
+
+    #[test]
+    fn store_under_a_memory_budget_matches_deep_copy_model(
+        budget in prop_oneof![Just(0usize), 0..2048usize],
+        max in prop::option::of(1..4usize),
+        ops in prop::collection::vec(op(), 1..40),
+    ) {
+        run_with_budget(max, Some(budget), &ops)?;
     }
 
     #[test]

@@ -565,9 +565,20 @@ pub const SETUP: [Op; 2] = [
 ];
 
 pub fn run(max_versions: Option<usize>, ops: &[Op]) -> Result<(), TestCaseError> {
+    run_with_budget(max_versions, None, ops)
+}
+
+/// [`run`] with `Config::memory_budget` set to `budget`: after every step the budget is
+/// also enforced at once (old versions encoded), and the store checked again.
+pub fn run_with_budget(
+    max_versions: Option<usize>,
+    budget: Option<usize>,
+    ops: &[Op],
+) -> Result<(), TestCaseError> {
     let mut store = Store::with_config(Config {
         chunk_bytes: CHUNK_BYTES,
         max_versions,
+        memory_budget: budget,
         ..Config::default()
     })
     .unwrap();
@@ -584,6 +595,10 @@ pub fn run(max_versions: Option<usize>, ops: &[Op]) -> Result<(), TestCaseError>
             );
         }
         check(&store, &model)?;
+        if budget.is_some() {
+            store.enforce_memory_budget();
+            check(&store, &model)?;
+        }
     }
     Ok(())
 }

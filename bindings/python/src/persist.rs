@@ -165,8 +165,12 @@ pub(crate) fn config(
     chunk_bytes: Option<usize>,
     max_versions: Option<usize>,
     recycle_bytes: Option<usize>,
+    memory_budget: Option<usize>,
 ) -> Config {
-    let mut c = Config::default();
+    let mut c = Config {
+        memory_budget,
+        ..Config::default()
+    };
     if let Some(b) = chunk_bytes {
         c.chunk_bytes = b;
     }

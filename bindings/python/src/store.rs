@@ -97,15 +97,17 @@ impl PyStore {
 impl PyStore {
     /// An empty store. `chunk_bytes`: largest chunk (default 256 KiB); `max_versions`:
     /// keep at most this many versions per branch (default: all); `recycle_bytes`: freed
-    /// chunk buffers kept for reuse.
+    /// chunk buffers kept for reuse; `memory_budget`: bytes of history held in memory
+    /// past which old versions are kept encoded (lossless XOR deltas, default: none).
     #[new]
-    #[pyo3(signature = (*, chunk_bytes = None, max_versions = None, recycle_bytes = None))]
+    #[pyo3(signature = (*, chunk_bytes = None, max_versions = None, recycle_bytes = None, memory_budget = None))]
     fn new(
         chunk_bytes: Option<usize>,
         max_versions: Option<usize>,
         recycle_bytes: Option<usize>,
+        memory_budget: Option<usize>,
     ) -> PyResult<Self> {
-        let c = persist::config(chunk_bytes, max_versions, recycle_bytes);
+        let c = persist::config(chunk_bytes, max_versions, recycle_bytes, memory_budget);
         let store = Store::with_config(c).or_py()?;
         Ok(PyStore {
             inner: Mutex::new(Inner::new(store)),
@@ -120,15 +122,16 @@ impl PyStore {
     /// Raises `StorageError`, `UnsupportedFormat` (another format, or a non-empty
     /// directory that is not a repository), `CorruptObject`.
     #[staticmethod]
-    #[pyo3(signature = (path, *, chunk_bytes = None, max_versions = None, recycle_bytes = None))]
+    #[pyo3(signature = (path, *, chunk_bytes = None, max_versions = None, recycle_bytes = None, memory_budget = None))]
     fn open(
         py: Python<'_>,
         path: PathBuf,
         chunk_bytes: Option<usize>,
         max_versions: Option<usize>,
         recycle_bytes: Option<usize>,
+        memory_budget: Option<usize>,
     ) -> PyResult<Self> {
-        let c = persist::config(chunk_bytes, max_versions, recycle_bytes);
+        let c = persist::config(chunk_bytes, max_versions, recycle_bytes, memory_budget);
         let store = py.detach(|| persist::open(&path, c)).or_py()?;
         Ok(PyStore {
             inner: Mutex::new(Inner::new(store)),
@@ -215,6 +218,19 @@ impl PyStore {
         self.run(py, |i| i.store.config().max_versions)
     }
 
+    /// Bytes of history held in memory past which old versions are kept encoded
+    /// (`None`: no budget).
+    #[getter]
+    fn memory_budget(&self, py: Python<'_>) -> PyResult<Option<usize>> {
+        self.run(py, |i| i.store.config().memory_budget)
+    }
+
+    /// Encode old versions now (what commits start in the background) until the held
+    /// bytes are within `memory_budget`; returns the bytes held. GIL released.
+    fn enforce_memory_budget(&self, py: Python<'_>) -> PyResult<usize> {
+        self.run(py, |i| i.store.enforce_memory_budget())
+    }
+
     /// Release the store: its versions and chunks leave memory, the repository files it
     /// mapped are unmapped, and every later call raises `StoreClosed`. Nothing is saved:
     /// call `save()` first to keep new versions. Closing twice is allowed. A store used
@@ -225,7 +241,7 @@ impl PyStore {
             let mut g = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
             g.closed = true;
             // Dropped outside the lock (unmapping can take a while), with the GIL released.
-            Store::with_config(persist::config(None, None, None))
+            Store::with_config(persist::config(None, None, None, None))
                 .ok()
                 .map(|empty| std::mem::replace(&mut g.store, empty))
         });

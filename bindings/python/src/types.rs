@@ -139,6 +139,9 @@ pub(crate) struct PyStats {
     logical_bytes: usize,
     sharing_ratio: f64,
     pooled_bytes: usize,
+    held_bytes: usize,
+    encoded_bytes: usize,
+    encoded_held_bytes: usize,
 }
 
 impl From<Stats> for PyStats {
@@ -151,6 +154,9 @@ impl From<Stats> for PyStats {
             logical_bytes: s.logical_bytes,
             sharing_ratio: s.sharing_ratio,
             pooled_bytes: s.pooled_bytes,
+            held_bytes: s.held_bytes,
+            encoded_bytes: s.encoded_bytes,
+            encoded_held_bytes: s.encoded_held_bytes,
         }
     }
 }
@@ -159,14 +165,17 @@ impl From<Stats> for PyStats {
 impl PyStats {
     fn __repr__(&self) -> String {
         format!(
-            "Stats(versions={}, variables={}, unique_chunks={}, unique_bytes={}, logical_bytes={}, sharing_ratio={:.2}, pooled_bytes={})",
+            "Stats(versions={}, variables={}, unique_chunks={}, unique_bytes={}, logical_bytes={}, sharing_ratio={:.2}, pooled_bytes={}, held_bytes={}, encoded_bytes={}, encoded_held_bytes={})",
             self.versions,
             self.variables,
             self.unique_chunks,
             self.unique_bytes,
             self.logical_bytes,
             self.sharing_ratio,
-            self.pooled_bytes
+            self.pooled_bytes,
+            self.held_bytes,
+            self.encoded_bytes,
+            self.encoded_held_bytes
         )
     }
 }

@@ -61,6 +61,9 @@ class Tensor:
     def numel(self) -> int:
         return self._arr.size
 
+    def element_size(self) -> int:
+        return self._arr.itemsize
+
     def stride(self) -> tuple:
         return tuple(s // self._arr.itemsize for s in self._arr.strides)
 

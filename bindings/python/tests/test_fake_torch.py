@@ -406,3 +406,12 @@ def test_tracker_metadata_is_hidden_from_the_graph():
         t.keep("step", loss=0.25)
     g = tr.store.graph()
     assert "loss=0.25" in g and "groups" not in g and "scalars" not in g
+
+
+def test_a_tracker_without_a_store_gets_a_budget_of_four_model_sizes():
+    model, opt = make()
+    tracker = th.torch.track(model, opt)
+    nbytes = sum(t._arr.nbytes for t in model.state_dict().values())
+    assert tracker.store.memory_budget == th.torch.DEFAULT_BUDGET_MODELS * nbytes == 4 * nbytes
+    given = th.Store()
+    assert th.torch.track(model, opt, store=given).store.memory_budget is None

@@ -455,3 +455,24 @@ def test_safetensors_export_and_import(tmp_path):
     with pytest.raises(OSError):
         t.import_safetensors(tmp_path / "missing.safetensors")
     assert t.names() == ["a", "b"]
+
+
+def test_a_memory_budget_keeps_old_versions_encoded_and_reads_them_back():
+    s = th.Store(chunk_bytes=16384, memory_budget=0)
+    assert s.memory_budget == 0
+    w = (np.sin(np.arange(65536, dtype=np.float32) * 0.37) * 0.05).astype(np.float32)
+    s.insert("w", w)
+    copies = [(s.commit("init"), w.copy())]
+    for i in range(8):
+        w = (w * np.float32(1 - 1e-4) + np.float32(1e-6) * i).astype(np.float32)
+        s.write("w", w)
+        copies.append((s.commit(f"step {i}"), w.copy()))
+    held = s.enforce_memory_budget()
+    st = s.stats()
+    assert held == st.held_bytes
+    assert st.encoded_bytes > 0 and st.encoded_held_bytes * 2 < st.encoded_bytes
+    assert st.held_bytes * 2 < st.logical_bytes
+    for v, want in copies:
+        assert same(s.get("w", at=v), want)
+    s.verify()
+    assert th.Store().memory_budget is None

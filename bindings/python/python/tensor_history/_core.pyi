@@ -55,6 +55,12 @@ class Stats:
     def sharing_ratio(self) -> float: ...
     @property
     def pooled_bytes(self) -> int: ...
+    @property
+    def held_bytes(self) -> int: ...
+    @property
+    def encoded_bytes(self) -> int: ...
+    @property
+    def encoded_held_bytes(self) -> int: ...
 
 class PruneStats:
     @property
@@ -159,6 +165,7 @@ class Store:
         chunk_bytes: int | None = None,
         max_versions: int | None = None,
         recycle_bytes: int | None = None,
+        memory_budget: int | None = None,
     ) -> None: ...
     @staticmethod
     def open(
@@ -167,12 +174,17 @@ class Store:
         chunk_bytes: int | None = None,
         max_versions: int | None = None,
         recycle_bytes: int | None = None,
+        memory_budget: int | None = None,
     ) -> Store:
         """Open (or create) the repository at ``path``; the working state is HEAD."""
     @property
     def chunk_bytes(self) -> int: ...
     @property
     def max_versions(self) -> int | None: ...
+    @property
+    def memory_budget(self) -> int | None: ...
+    def enforce_memory_budget(self) -> int:
+        """Encode old versions now until the held bytes are within ``memory_budget``."""
     @property
     def location(self) -> str | None:
         """Where this store saves (``None`` before ``open`` or ``save_as``)."""

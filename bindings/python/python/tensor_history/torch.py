@@ -97,6 +97,25 @@ def _same_object(v: Any) -> Any:
 SCALARS_KEY = "_torch.scalars"
 """Metadata key of the optimizer's hyper-parameters and non-tensor state (JSON)."""
 
+#: Without a store given, a tracker's store gets a memory budget of this many times the
+#: model's state_dict bytes at the time of tracking (room for HEAD, an optimizer state of
+#: two moments, and a working copy); versions past it are kept encoded as lossless XOR
+#: deltas (see ``Store(memory_budget=...)``), so a dense training loop that keeps every
+#: step no longer holds a full copy per step.
+DEFAULT_BUDGET_MODELS = 4
+
+
+def default_memory_budget(model: Any) -> Optional[int]:
+    """The memory budget a tracker of `model` gets by default: ``DEFAULT_BUDGET_MODELS``
+    times its state_dict's bytes (``None``, no budget, for a model without tensors)."""
+    total = 0
+    for v in model.state_dict().values():
+        n = getattr(v, "nbytes", None)
+        if n is None and hasattr(v, "numel") and hasattr(v, "element_size"):
+            n = v.numel() * v.element_size()
+        total += int(n or 0)
+    return DEFAULT_BUDGET_MODELS * total if total else None
+
 
 class Tracker(_Tracker):
     """History of a model's state_dict and an optimizer's state in a :class:`Store`.
@@ -122,6 +141,8 @@ class Tracker(_Tracker):
     ) -> None:
         self.model = model
         self.optimizer = optimizer
+        if store is None:
+            store = Store(memory_budget=default_memory_budget(model))
         self._kinds: Dict[str, Any] = {}
         # Indices (into the optimizer's parameters) of the parameters an optimizer step
         # may have changed since the last sync, without advancing version counters.
@@ -366,10 +387,12 @@ def track(model: Any, optimizer: Any = None, *,
     Without `path`: commits their current state in a new in-memory store. With `path`:
     opens (or creates) the repository there; if it holds a history, its HEAD is written
     into the model and optimizer in place (resume), else their state is committed; call
-    ``tracker.save()`` to write new versions. Variables of the repository outside
+    ``tracker.save()`` to write new versions. The store gets a memory budget of
+    ``DEFAULT_BUDGET_MODELS`` (4) times the model's state_dict bytes (pass ``store=``
+    to choose another). Variables of the repository outside
     ``model/`` and ``optim/`` are kept. Other keyword arguments go to :class:`Tracker`."""
     if path is not None:
         if "store" in kwargs:
             raise TypeError("track() takes path= or store=, not both")
-        kwargs["store"] = Store.open(path)
+        kwargs["store"] = Store.open(path, memory_budget=default_memory_budget(model))
     return Tracker(model, optimizer, **kwargs)

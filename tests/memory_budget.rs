@@ -1,0 +1,184 @@
+//! The memory budget: a dense history past `Config::memory_budget` holds old versions
+//! encoded (XOR deltas, byte planes), reads every version back bit for bit, keeps HEAD
+//! and the working state raw, and keeps a delta's base alive after its version is pruned.
+
+use std::time::{Duration, Instant};
+
+use ndarray::{Array2, ArrayD};
+use tensor_history::{Config, Retention, Store, VersionId};
+
+/// A version and deep copies of its `w` and `m`.
+type Kept = (VersionId, ArrayD<f32>, ArrayD<f32>);
+
+const ROWS: usize = 64;
+const COLS: usize = 256;
+
+/// A store with 16 KiB chunks and `budget`, holding `w` and `m` (64 x 256 f32 each,
+/// 64 KiB, 4 chunks), after `steps` dense AdamW-like steps, each committed. Returns the
+/// deep copies of every version.
+fn dense(budget: Option<usize>, steps: usize) -> (Store, Vec<Kept>) {
+    let mut s = Store::with_config(Config {
+        chunk_bytes: 16 * 1024,
+        memory_budget: budget,
+        ..Config::default()
+    })
+    .unwrap();
+    let w0 = Array2::from_shape_fn((ROWS, COLS), |(i, j)| {
+        ((i * COLS + j) as f32 * 0.37).sin() * 0.05
+    });
+    s.insert("w", &w0).unwrap();
+    s.insert("m", &Array2::<f32>::zeros((ROWS, COLS))).unwrap();
+    let mut copies = Vec::new();
+    let v = s.commit("init").unwrap();
+    copies.push((v, s.get::<f32>("w").unwrap(), s.get::<f32>("m").unwrap()));
+    for step in 0..steps {
+        let g = Array2::from_shape_fn((ROWS, COLS), |(i, j)| {
+            (((i * 31 + j * 17 + step * 7) % 101) as f32 - 50.0) * 1e-4
+        });
+        s.zip_update::<f32, _, _>("m", &g, |m, g| 0.9 * m + 0.1 * g)
+            .unwrap();
+        let m = s.get::<f32>("m").unwrap();
+        s.zip_update::<f32, _, _>("w", &m, |w, m| w - 1e-3 * m)
+            .unwrap();
+        let v = s.commit(&format!("step {step}")).unwrap();
+        copies.push((v, s.get::<f32>("w").unwrap(), s.get::<f32>("m").unwrap()));
+    }
+    (s, copies)
+}
+
+fn check_all(s: &Store, copies: &[Kept]) {
+    for (v, w, m) in copies {
+        let snap = s.snapshot(*v).unwrap();
+        assert_eq!(&snap.get::<f32>("w").unwrap(), w, "w at {v}");
+        assert_eq!(&snap.get::<f32>("m").unwrap(), m, "m at {v}");
+    }
+}
+
+fn raw(bits: &ArrayD<f32>) -> Vec<u32> {
+    bits.iter().map(|x| x.to_bits()).collect()
+}
+
+#[test]
+fn a_dense_history_past_its_budget_holds_less_and_reads_back_bit_for_bit() {
+    let (mut unbounded, _) = dense(None, 12);
+    let (mut s, copies) = dense(Some(0), 12);
+    let before = unbounded.stats();
+    let held = s.enforce_memory_budget();
+    let st = s.stats();
+    assert_eq!(held, st.held_bytes);
+    assert!(st.encoded_bytes > 0);
+    assert!(
+        st.held_bytes * 2 < before.held_bytes,
+        "held {} of {} without a budget",
+        st.held_bytes,
+        before.held_bytes
+    );
+    assert!(st.encoded_held_bytes * 2 < st.encoded_bytes, "{st:?}");
+    assert_eq!(
+        st.unique_bytes, before.unique_bytes,
+        "the same chunks, held differently"
+    );
+    assert_eq!(st.logical_bytes, before.logical_bytes);
+    check_all(&s, &copies);
+    s.verify().unwrap();
+    // Without a budget, enforcing does nothing.
+    assert_eq!(unbounded.enforce_memory_budget(), before.held_bytes);
+    assert_eq!(unbounded.stats().encoded_bytes, 0);
+}
+
+#[test]
+fn head_and_the_working_state_stay_raw() {
+    let (mut s, _) = dense(Some(0), 4);
+    s.enforce_memory_budget();
+    for name in ["w", "m"] {
+        assert!(s.tensor(name).unwrap().chunks().all(|c| !c.is_encoded()));
+        let head = s.snapshot(s.head().unwrap()).unwrap();
+        assert!(head.tensor(name).unwrap().chunks().all(|c| !c.is_encoded()));
+    }
+    let first = s.versions()[0];
+    let old = s.snapshot(first).unwrap();
+    assert!(old.tensor("w").unwrap().chunks().all(|c| c.is_encoded()));
+}
+
+#[test]
+fn a_budget_that_is_not_passed_encodes_nothing() {
+    let (mut s, _) = dense(Some(1 << 30), 6);
+    s.enforce_memory_budget();
+    assert_eq!(s.stats().encoded_bytes, 0);
+}
+
+#[test]
+fn commits_past_the_budget_encode_in_the_background() {
+    let (mut s, copies) = dense(Some(64 * 1024), 8);
+    // The pass started by a commit is taken in by a later commit once it is done.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while s.stats().encoded_bytes == 0 {
+        assert!(Instant::now() < deadline, "no background pass finished");
+        std::thread::sleep(Duration::from_millis(20));
+        s.commit("again").unwrap();
+    }
+    check_all(&s, &copies);
+}
+
+#[test]
+fn restore_of_an_encoded_version_then_writes_and_commits() {
+    let (mut s, copies) = dense(Some(0), 6);
+    s.enforce_memory_budget();
+    let (v, w, _) = &copies[2];
+    s.restore(*v).unwrap();
+    assert_eq!(&s.get::<f32>("w").unwrap(), w);
+    s.update_map::<f32>("w", |x| x * 2.0).unwrap();
+    let nv = s.commit("doubled").unwrap();
+    let want: Vec<u32> = w.iter().map(|x| (x * 2.0).to_bits()).collect();
+    assert_eq!(raw(&s.snapshot(nv).unwrap().get::<f32>("w").unwrap()), want);
+    s.enforce_memory_budget();
+    check_all(&s, &copies);
+    s.verify().unwrap();
+}
+
+#[test]
+fn a_base_pruned_while_a_delta_needs_it_still_decodes() {
+    let (mut s, copies) = dense(Some(0), 10);
+    s.enforce_memory_budget();
+    // Drop the oldest versions, whose chunks are the bases of the deltas that follow.
+    s.prune(&Retention::keep_last(4)).unwrap();
+    let live = s.versions();
+    assert!(!live.contains(&copies[0].0));
+    let kept: Vec<_> = copies.into_iter().filter(|c| live.contains(&c.0)).collect();
+    assert_eq!(kept.len(), 4);
+    check_all(&s, &kept);
+    s.verify().unwrap();
+}
+
+#[test]
+fn a_chain_longer_than_its_bound_reads_back() {
+    let steps = 3 * tensor_history::MAX_DELTA_CHAIN + 2;
+    let (mut s, copies) = dense(Some(0), steps);
+    s.enforce_memory_budget();
+    check_all(&s, &copies);
+}
+
+#[test]
+fn an_encoded_history_saves_and_reopens_bit_for_bit() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut s, copies) = dense(Some(0), 5);
+    s.enforce_memory_budget();
+    s.save_as(dir.path()).unwrap();
+    let r = Store::open(dir.path()).unwrap();
+    check_all(&r, &copies);
+    r.verify().unwrap();
+}
+
+#[test]
+fn diff_and_export_read_encoded_versions() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut s, copies) = dense(Some(0), 4);
+    s.enforce_memory_budget();
+    let d = s.diff(copies[0].0, copies[1].0).unwrap();
+    assert!(d.get("w").is_some());
+    let path = dir.path().join("v1.safetensors");
+    s.export_safetensors(copies[1].0, &path).unwrap();
+    let mut t = Store::new();
+    t.import_safetensors(&path).unwrap();
+    assert_eq!(t.get::<f32>("w").unwrap(), copies[1].1);
+}
