@@ -352,14 +352,17 @@ impl Store {
         }
     }
 
-    fn apply(&mut self, done: &Done) {
+    /// Swap the encoded chunks of a finished pass in. The raw buffers freed leave the
+    /// process rather than fill the pool (the pool keeps what it held before).
+    fn apply(&mut self, done: Done) {
         if done.is_empty() {
             return;
         }
+        let pooled_before = self.pool().map(|p| p.buffers());
         self.replace_chunks(|c| done.get(&c.addr()).map(|(_, e)| e.clone()));
-        if let Some(pool) = self.pool() {
-            // The raw buffers freed leave the process rather than fill the pool.
-            pool.truncate(0);
+        drop(done);
+        if let (Some(pool), Some(keep)) = (self.pool(), pooled_before) {
+            pool.truncate(keep);
         }
     }
 
@@ -382,7 +385,7 @@ impl Store {
             Some(done) => {
                 self.budget.job = None;
                 if let Some(done) = done {
-                    self.apply(&done);
+                    self.apply(done);
                 }
             }
         }
@@ -443,7 +446,7 @@ impl Store {
                 loop {
                     let taken = job.done.lock().ok().and_then(|mut g| g.take());
                     if let Some(done) = taken {
-                        self.apply(&done);
+                        self.apply(done);
                         break;
                     }
                     if Arc::strong_count(&job.done) == 1 {
@@ -473,7 +476,7 @@ impl Store {
             if done.is_empty() {
                 return held(self);
             }
-            self.apply(&done);
+            self.apply(done);
         }
     }
 }
