@@ -38,7 +38,7 @@ mod timing;
 use timing::{clock, interleave, timed, Res};
 
 /// Scenario names, in the order the report prints them.
-const SCENARIOS: [&str; 11] = [
+const SCENARIOS: [&str; 13] = [
     "commit_unchanged",
     "trial_sparse_0.1pct",
     "trial_sparse_1pct",
@@ -49,6 +49,8 @@ const SCENARIOS: [&str; 11] = [
     "write_unchanged",
     "diff_1pct",
     "memory_100v_1pct",
+    "memory_dense_100v",
+    "restore_encoded",
     "verify_throughput",
 ];
 
@@ -442,6 +444,71 @@ fn main() -> Res<()> {
             (101 * size) as f64,
             stats.unique_bytes as f64,
         );
+    }
+
+    // ---- memory_dense_100v and restore_encoded: 100 dense steps under a budget --------
+    // A model of at most 64 MiB (a quarter of --size-mib with --quick sizes), every
+    // element changed by a relative 1e-4 per step (an optimizer step's magnitude),
+    // each step committed with a memory budget of 3 model sizes. Deep copies hold 101
+    // models; the store, after the background passes and a final
+    // enforce_memory_budget, holds `held_bytes`. Then restore + read of an encoded
+    // version (the 50th, inside a delta chain) against HEAD (raw), decoded afresh each
+    // run.
+    {
+        let dense = Model::new((opts.size_mib / 4).clamp(1, 64));
+        let dsize = dense.bytes();
+        let mut store = dense.store(Config {
+            memory_budget: Some(3 * dsize),
+            ..cfg(None)
+        })?;
+        store.commit("v0")?;
+        let mut ids = Vec::new();
+        for k in 1..=100 {
+            for name in &dense.names {
+                store.update_map::<f32>(name, |x| x - 1e-4 * x)?;
+            }
+            ids.push(store.commit(&format!("v{k}"))?);
+        }
+        store.enforce_memory_budget();
+        let stats = store.stats();
+        eprintln!(
+            "  memory_dense_100v: model {dsize} bytes, {} versions, held {} bytes ({} encoded raw bytes in {})",
+            stats.versions, stats.held_bytes, stats.encoded_bytes, stats.encoded_held_bytes
+        );
+        report.add(
+            "memory_dense_100v",
+            "bytes",
+            (101 * dsize) as f64,
+            stats.held_bytes as f64,
+        );
+        let (head, old) = (ids[99], ids[49]);
+        let dnames = &dense.names;
+        let store = std::cell::RefCell::new(store);
+        let read = |s: &Store| -> Res<()> {
+            for n in dnames {
+                black_box(s.get::<f32>(n)?);
+            }
+            Ok(())
+        };
+        let mut base = || {
+            let mut s = store.borrow_mut();
+            timed(|| {
+                s.restore(head)?;
+                read(&s)
+            })
+        };
+        let mut st = || {
+            let mut s = store.borrow_mut();
+            // Back to HEAD, and drop the decoded bytes the last run kept.
+            s.restore(head)?;
+            s.enforce_memory_budget();
+            timed(|| {
+                s.restore(old)?;
+                read(&s)
+            })
+        };
+        let m = interleave(reps, &mut [&mut base, &mut st])?;
+        report.add("restore_encoded", "ms", m[0], m[1]);
     }
 
     // ---- trial_sparse_*: change a share of chunks, commit, restore the previous ------
