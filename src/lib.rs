@@ -151,7 +151,7 @@ pub use history::{Ref, MAX_REF_NAME_BYTES};
 pub use merge::MergeStrategy;
 pub use meta::{Meta, Value};
 pub use repo::backend::{
-    is_not_found, Backend, LocalDir, MemoryBackend, ObjectInfo, PutOutcome, SimBackend,
+    is_not_found, Backend, LocalDir, MemoryBackend, ObjectInfo, PutOutcome, ReadMode, SimBackend,
 };
 #[cfg(feature = "object-store-client")]
 pub use repo::backend::{ObjectStoreBackend, ObjectStoreOptions, RequestStats, MIN_PART_SIZE};

@@ -2,7 +2,9 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::fs::{self, File};
-use std::io::{Read, Seek, SeekFrom, Write};
+use std::io::{Read, Write};
+#[cfg(not(unix))]
+use std::io::{Seek, SeekFrom};
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -26,15 +28,52 @@ static TMP_COUNTER: AtomicU64 = AtomicU64::new(0);
 /// file); [`barrier`](Backend::barrier) fsyncs every file written since the last barrier
 /// and every directory whose entries changed. `put_if_absent` writes and fsyncs a
 /// temporary file, hard-links it to the key (the link fails if the key exists, so of
-/// several writers exactly one wins) and fsyncs the directory. `get` maps objects of
-/// 64 KiB and more (packs) instead of reading them: objects are never rewritten in place,
-/// only created and unlinked, so a mapping stays valid.
+/// several writers exactly one wins) and fsyncs the directory.
+///
+/// # Reads: mapped or copied
+///
+/// By default ([`ReadMode::Map`]) `get` and `get_range` map objects of 64 KiB and more
+/// (packs) instead of reading them, and chunks read from a pack are used in place:
+/// objects are never rewritten in place, only created and unlinked, so a mapping stays
+/// valid. Every read checks the mapped file's length again (one `fstat`): a pack that is
+/// shorter than when it was mapped, or shorter than the chunk asked for, is an
+/// [`Error::Io`] of kind `UnexpectedEof` naming the file, which the repository reports
+/// as [`Error::CorruptObject`] naming the pack. What no check can prevent is a pack
+/// truncated by another program *while* bytes of it are in use: the pages past the new
+/// end are gone, and touching them raises `SIGBUS`, which ends the process (as for
+/// every program that maps files). Truncating or rewriting a repository's files in
+/// place is outside the format's contract. Where that cannot be ruled out (a repository
+/// on a file system that other programs clean up), [`ReadMode::Copy`]
+/// ([`LocalDir::with_read_mode`]) reads with `pread` into the heap instead: a truncated
+/// pack then only ever gives that typed error, at the cost of a copy per chunk read.
 #[derive(Debug)]
 pub struct LocalDir {
     root: PathBuf,
+    reads: ReadMode,
     dirty: Mutex<Dirty>,
-    /// Mappings of large objects read by `get_range`, kept for the next read.
-    maps: Mutex<HashMap<PathBuf, Bytes>>,
+    /// Mappings of large objects read by `get_range`, kept for the next read, with the
+    /// open file (its length is checked before each read of the mapping).
+    maps: Mutex<HashMap<PathBuf, Mapped>>,
+}
+
+/// How a [`LocalDir`] reads objects of 64 KiB and more (packs).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ReadMode {
+    /// Map them, and use chunks in place (no copy). A pack truncated by another program
+    /// while one of its chunks is in use raises `SIGBUS` (see [`LocalDir`]).
+    #[default]
+    Map,
+    /// Read them with `pread` into the heap: one copy per chunk read, and a truncated
+    /// pack is only ever a typed error.
+    Copy,
+}
+
+/// A mapped object and its open file.
+#[derive(Debug, Clone)]
+struct Mapped {
+    file: Arc<File>,
+    map: Bytes,
 }
 
 /// What the next barrier must make durable.
@@ -61,9 +100,19 @@ impl LocalDir {
     ///
     /// [`Error::Io`] if the directory cannot be created or is not a directory.
     pub fn new(root: impl AsRef<Path>) -> Result<LocalDir> {
+        LocalDir::with_read_mode(root, ReadMode::Map)
+    }
+
+    /// [`LocalDir::new`] reading large objects as `reads` says.
+    ///
+    /// # Errors
+    ///
+    /// As for [`LocalDir::new`].
+    pub fn with_read_mode(root: impl AsRef<Path>, reads: ReadMode) -> Result<LocalDir> {
         let root = root.as_ref().to_path_buf();
         let dir = LocalDir {
             root,
+            reads,
             dirty: Mutex::new(Dirty::default()),
             maps: Mutex::new(HashMap::new()),
         };
@@ -78,6 +127,12 @@ impl LocalDir {
     #[must_use]
     pub fn root(&self) -> &Path {
         &self.root
+    }
+
+    /// How large objects are read.
+    #[must_use]
+    pub fn read_mode(&self) -> ReadMode {
+        self.reads
     }
 
     fn path(&self, key: &str) -> Result<PathBuf> {
@@ -162,26 +217,70 @@ impl LocalDir {
 }
 
 impl LocalDir {
-    fn lock_maps(&self) -> std::sync::MutexGuard<'_, HashMap<PathBuf, Bytes>> {
+    fn lock_maps(&self) -> std::sync::MutexGuard<'_, HashMap<PathBuf, Mapped>> {
         self.maps.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// `range` of the mapping `m` of `path`, after checking that the file still has
+    /// every byte the mapping had: touching a mapped page past a file's end raises
+    /// `SIGBUS`, so a file that shrank since it was mapped is an error (and the mapping
+    /// is dropped from the cache) instead.
+    fn read_mapped(&self, path: &Path, m: &Mapped, range: Range<u64>) -> Result<Bytes> {
+        let now = m.file.metadata().map_err(|e| io_error(path, &e))?.len();
+        let mapped = m.map.len() as u64;
+        if now < mapped {
+            self.lock_maps().remove(path);
+            return Err(Error::Io {
+                path: path.display().to_string(),
+                kind: std::io::ErrorKind::UnexpectedEof,
+                message: format!(
+                    "the file shrank from {mapped} to {now} bytes since it was mapped \
+                     (truncated by another program)"
+                ),
+            });
+        }
+        slice_of(path, &m.map, range)
+    }
+}
+
+fn out_of_range(path: &Path, range: &Range<u64>, len: u64) -> Error {
+    Error::Io {
+        path: path.display().to_string(),
+        kind: std::io::ErrorKind::UnexpectedEof,
+        message: format!("range {range:?} outside an object of {len} bytes"),
     }
 }
 
 fn slice_of(path: &Path, b: &Bytes, range: Range<u64>) -> Result<Bytes> {
     let len = b.len() as u64;
     if range.start > range.end || range.end > len {
-        return Err(Error::Io {
-            path: path.display().to_string(),
-            kind: std::io::ErrorKind::UnexpectedEof,
-            message: format!("range {range:?} outside an object of {len} bytes"),
-        });
+        return Err(out_of_range(path, &range, len));
     }
     b.slice(range.start as usize..range.end as usize)
-        .ok_or_else(|| Error::Io {
-            path: path.display().to_string(),
-            kind: std::io::ErrorKind::UnexpectedEof,
-            message: "range outside the object".into(),
-        })
+        .ok_or_else(|| out_of_range(path, &range, len))
+}
+
+/// `range` of `f`, read with `pread` into the heap.
+fn read_range(path: &Path, f: &File, range: Range<u64>) -> Result<Bytes> {
+    let len = f.metadata().map_err(|e| io_error(path, &e))?.len();
+    if range.start > range.end || range.end > len {
+        return Err(out_of_range(path, &range, len));
+    }
+    let mut buf = vec![0u8; (range.end - range.start) as usize];
+    read_exact_at(f, &mut buf, range.start).map_err(|e| io_error(path, &e))?;
+    Ok(Bytes::from(buf))
+}
+
+#[cfg(unix)]
+fn read_exact_at(f: &File, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+    std::os::unix::fs::FileExt::read_exact_at(f, buf, offset)
+}
+
+#[cfg(not(unix))]
+fn read_exact_at(f: &File, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+    let mut f = f;
+    f.seek(SeekFrom::Start(offset))?;
+    f.read_exact(buf)
 }
 
 /// Run `f` on every item, on up to 8 threads when there are several: fsyncs issued
@@ -244,7 +343,7 @@ impl Backend for LocalDir {
         let path = self.path(key)?;
         let mut f = File::open(&path).map_err(|e| io_error(&path, &e))?;
         let len = f.metadata().map_err(|e| io_error(&path, &e))?.len();
-        if len >= MAP_MIN_BYTES {
+        if len >= MAP_MIN_BYTES && self.reads == ReadMode::Map {
             let map = map_file(&f).map_err(|e| io_error(&path, &e))?;
             return Ok(Bytes::new(Arc::new(map)));
         }
@@ -256,28 +355,21 @@ impl Backend for LocalDir {
     fn get_range(&self, key: &str, range: Range<u64>) -> Result<Bytes> {
         let path = self.path(key)?;
         let cached = self.lock_maps().get(&path).cloned();
-        if let Some(map) = cached {
-            return slice_of(&path, &map, range);
+        if let Some(m) = cached {
+            return self.read_mapped(&path, &m, range);
         }
-        let mut f = File::open(&path).map_err(|e| io_error(&path, &e))?;
+        let f = File::open(&path).map_err(|e| io_error(&path, &e))?;
         let len = f.metadata().map_err(|e| io_error(&path, &e))?.len();
-        if len >= MAP_MIN_BYTES {
+        if len >= MAP_MIN_BYTES && self.reads == ReadMode::Map {
             let map = Bytes::new(Arc::new(map_file(&f).map_err(|e| io_error(&path, &e))?));
-            self.lock_maps().insert(path.clone(), map.clone());
-            return slice_of(&path, &map, range);
+            let m = Mapped {
+                file: Arc::new(f),
+                map,
+            };
+            self.lock_maps().insert(path.clone(), m.clone());
+            return self.read_mapped(&path, &m, range);
         }
-        if range.start > range.end || range.end > len {
-            return Err(Error::Io {
-                path: path.display().to_string(),
-                kind: std::io::ErrorKind::UnexpectedEof,
-                message: format!("range {range:?} outside an object of {len} bytes"),
-            });
-        }
-        f.seek(SeekFrom::Start(range.start))
-            .map_err(|e| io_error(&path, &e))?;
-        let mut buf = vec![0u8; (range.end - range.start) as usize];
-        f.read_exact(&mut buf).map_err(|e| io_error(&path, &e))?;
-        Ok(Bytes::from(buf))
+        read_range(&path, &f, range)
     }
 
     fn put(&self, key: &str, data: &[u8]) -> Result<()> {

@@ -33,7 +33,7 @@ mod local;
 mod memory;
 mod sim;
 
-pub use local::LocalDir;
+pub use local::{LocalDir, ReadMode};
 pub use memory::MemoryBackend;
 pub use sim::SimBackend;
 #[cfg(feature = "object-store-client")]

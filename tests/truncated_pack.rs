@@ -1,0 +1,184 @@
+//! A pack file shorter than its index says, at open or after it was first mapped: reads
+//! of chunks not in use yet give `Error::CorruptObject` naming the pack, in both read
+//! modes. Under `ReadMode::Copy` a pack truncated while its chunks are in use never
+//! ends the process (a forked child truncates under itself); under `ReadMode::Map` it
+//! does (`SIGBUS`, outside the contract), which shows the child's check can fail.
+#![cfg(unix)]
+
+use std::fs::OpenOptions;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ndarray::{ArrayD, IxDyn};
+use tensor_history::{Config, Error, LocalDir, ReadMode, Store};
+
+const CHUNK_BYTES: usize = 64 << 10;
+
+fn config() -> Config {
+    Config {
+        chunk_bytes: CHUNK_BYTES,
+        ..Config::default()
+    }
+}
+
+/// `n` f32 values starting at `start`.
+fn values(start: f32, n: usize) -> ArrayD<f32> {
+    ArrayD::from_shape_vec(IxDyn(&[n]), (0..n).map(|i| start + i as f32).collect()).unwrap()
+}
+
+const ELEMS: usize = 4 * CHUNK_BYTES / 4;
+
+/// A repository at `dir` with tensors `a` and `b` of four chunks each, in one pack
+/// (about 512 KiB: mapped on read). Returns the pack's path.
+fn saved(dir: &Path) -> PathBuf {
+    let mut s = Store::with_config(config()).unwrap();
+    s.insert("a", &values(0.0, ELEMS)).unwrap();
+    s.insert("b", &values(1e6, ELEMS)).unwrap();
+    s.commit("a and b").unwrap();
+    s.save_as(dir).unwrap();
+    let packs: Vec<PathBuf> = walk(&dir.join("packs"));
+    assert_eq!(packs.len(), 1, "one pack: {packs:?}");
+    packs.into_iter().next().unwrap()
+}
+
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}
+
+fn open(dir: &Path, reads: ReadMode) -> Store {
+    let backend = LocalDir::with_read_mode(dir, reads).unwrap();
+    assert_eq!(backend.read_mode(), reads);
+    Store::open_backend(Arc::new(backend), config()).unwrap()
+}
+
+/// Cut `path` to its 64-byte header: every chunk lies past its end.
+fn truncate(path: &Path) {
+    OpenOptions::new()
+        .write(true)
+        .open(path)
+        .unwrap()
+        .set_len(64)
+        .unwrap();
+}
+
+/// `err` is `CorruptObject` naming `pack` (by its key, `packs/<2 hex>/<id>.thpack`).
+fn names_pack(err: &Error, pack: &Path) -> bool {
+    let name = pack.file_name().unwrap().to_str().unwrap();
+    matches!(err, Error::CorruptObject { path, .. } if path.ends_with(name))
+}
+
+#[test]
+fn a_pack_short_at_open_is_a_corrupt_object_naming_it() {
+    for reads in [ReadMode::Map, ReadMode::Copy] {
+        let dir = tempfile::tempdir().unwrap();
+        let pack = saved(dir.path());
+        truncate(&pack);
+        let s = open(dir.path(), reads);
+        for name in ["a", "b"] {
+            let err = s.get::<f32>(name).unwrap_err();
+            assert!(names_pack(&err, &pack), "{reads:?} {name}: {err:?}");
+        }
+        // The rest of the store is unharmed: the history is there, and a failed read
+        // changed nothing.
+        assert_eq!(s.versions().len(), 1);
+        assert!(s.get::<f32>("a").is_err());
+    }
+}
+
+#[test]
+fn a_pack_truncated_after_it_was_mapped_is_a_corrupt_object_for_chunks_not_read_yet() {
+    for reads in [ReadMode::Map, ReadMode::Copy] {
+        let dir = tempfile::tempdir().unwrap();
+        let pack = saved(dir.path());
+        let s = open(dir.path(), reads);
+        // Reading `a` maps the pack (in map mode) and keeps the mapping for later reads.
+        assert_eq!(s.get::<f32>("a").unwrap(), values(0.0, ELEMS));
+        truncate(&pack);
+        // `b`'s chunks were never read: without the length check, map mode would hash
+        // pages past the file's new end (SIGBUS).
+        let err = s.get::<f32>("b").unwrap_err();
+        assert!(names_pack(&err, &pack), "{reads:?}: {err:?}");
+        let again = s.get::<f32>("b").unwrap_err();
+        assert!(names_pack(&again, &pack), "{reads:?} again: {again:?}");
+    }
+}
+
+/// How a child process ended.
+#[derive(Debug, PartialEq, Eq)]
+enum Ended {
+    Exited(i32),
+    Signal(i32),
+    Hung,
+}
+
+/// Fork; the child runs `child` and exits 0 if it returns true. The parent waits up to
+/// 60 s.
+#[allow(unsafe_code)]
+fn in_child(child: impl FnOnce() -> bool) -> Ended {
+    // SAFETY: the child only runs `child` (its own store and files) and `_exit`s.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork failed");
+    if pid == 0 {
+        let ok = std::panic::catch_unwind(std::panic::AssertUnwindSafe(child)).unwrap_or(false);
+        // SAFETY: ends the child without running the parent's destructors or test harness.
+        unsafe { libc::_exit(if ok { 0 } else { 1 }) };
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut status = 0;
+    loop {
+        // SAFETY: plain system calls on the child's pid.
+        let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+        if r == pid {
+            if libc::WIFSIGNALED(status) {
+                return Ended::Signal(libc::WTERMSIG(status));
+            }
+            return Ended::Exited(libc::WEXITSTATUS(status));
+        }
+        if Instant::now() > deadline {
+            // SAFETY: as above.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+                libc::waitpid(pid, &mut status, 0);
+            }
+            return Ended::Hung;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Read `a` (its chunks stay loaded in the store), truncate the pack under it, read `a`
+/// again (from the chunks in use) and `b` (from the pack): `a` must be intact, `b` a
+/// typed error.
+fn truncate_under_a_reader(dir: &Path, pack: &Path, reads: ReadMode) -> bool {
+    let s = open(dir, reads);
+    let first = s.get::<f32>("a").unwrap();
+    truncate(pack);
+    let again = s.get::<f32>("a").unwrap();
+    let b = s.get::<f32>("b");
+    first == values(0.0, ELEMS) && again == first && matches!(&b, Err(e) if names_pack(e, pack))
+}
+
+#[test]
+fn copy_reads_survive_a_pack_truncated_while_its_chunks_are_in_use() {
+    let dir = tempfile::tempdir().unwrap();
+    let pack = saved(dir.path());
+    let ended = in_child(|| truncate_under_a_reader(dir.path(), &pack, ReadMode::Copy));
+    assert_eq!(ended, Ended::Exited(0), "copy mode");
+
+    // The same in map mode touches pages past the file's end: the process gets SIGBUS.
+    // This is what `ReadMode::Copy` is for, and it shows the child above can fail.
+    let dir = tempfile::tempdir().unwrap();
+    let pack = saved(dir.path());
+    let ended = in_child(|| truncate_under_a_reader(dir.path(), &pack, ReadMode::Map));
+    assert_eq!(ended, Ended::Signal(libc::SIGBUS), "map mode");
+}
