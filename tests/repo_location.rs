@@ -152,3 +152,176 @@ fn a_renumbered_version_keeps_its_content_address_in_every_repository() {
     assert_eq!(count_files(&dir.path().join("refs")), refs);
     assert_eq!(all_hashes(&Store::open(dir.path()).unwrap()), before);
 }
+
+// ---- save_as onto a repository with a history -----------------------------------------
+
+/// Every file of the repository at `dir`, with its bytes (gc aside, nothing may change).
+fn files(dir: &std::path::Path) -> std::collections::BTreeMap<String, Vec<u8>> {
+    let mut out = std::collections::BTreeMap::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                let key = p.strip_prefix(dir).unwrap().display().to_string();
+                out.insert(key, fs::read(&p).unwrap());
+            }
+        }
+    }
+    out
+}
+
+/// The repository's refs and HEAD files only (the objects a failed save may leave are
+/// unreferenced).
+fn refs_and_head(dir: &std::path::Path) -> Vec<(String, Vec<u8>)> {
+    files(dir)
+        .into_iter()
+        .filter(|(k, _)| k.starts_with("refs/") || k == "HEAD.json")
+        .collect()
+}
+
+#[test]
+fn save_as_onto_another_history_is_a_conflict_that_writes_no_ref() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut first = committed(1.0);
+    let v1 = first.head().unwrap();
+    first.tag("best", v1).unwrap();
+    first.save_as(dir.path()).unwrap();
+    let h1 = first.version_hash(v1).unwrap();
+    let before = refs_and_head(dir.path());
+
+    let mut second = committed(2.0);
+    let err = second.save_as(dir.path()).unwrap_err();
+    assert!(
+        matches!(&err, Error::Conflict { branch, theirs } if branch == "main" && *theirs == Some(h1)),
+        "{err:?}"
+    );
+    assert_eq!(second.location(), None, "the store stays unbound");
+    assert_eq!(refs_and_head(dir.path()), before);
+    // gc of what the failed save wrote keeps the first history whole.
+    let mut r = Store::open(dir.path()).unwrap();
+    r.gc_with(&tensor_history::GcOptions::immediate()).unwrap();
+    let r = Store::open(dir.path()).unwrap();
+    r.verify().unwrap();
+    assert_eq!(r.version_hash(r.resolve("main").unwrap()).unwrap(), h1);
+    assert_eq!(r.get::<f32>("w").unwrap(), one(1.0).into_dyn());
+
+    // Bound to a repository already, a failed save_as keeps that binding.
+    let other = tempfile::tempdir().unwrap();
+    second.save_as(other.path()).unwrap();
+    assert!(matches!(
+        second.save_as(dir.path()),
+        Err(Error::Conflict { .. })
+    ));
+    assert_eq!(second.location(), Some(other.path().to_str().unwrap()));
+    assert_eq!(refs_and_head(dir.path()), before);
+}
+
+#[test]
+fn save_as_under_other_ref_names_keeps_both_histories() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut first = committed(1.0);
+    first.tag("best", first.head().unwrap()).unwrap();
+    first.save_as(dir.path()).unwrap();
+
+    let mut second = committed(2.0);
+    second.branch("run2", second.head().unwrap()).unwrap();
+    second.checkout("run2").unwrap();
+    second.delete_branch("main").unwrap();
+    second.save_as(dir.path()).unwrap();
+
+    let mut r = Store::open(dir.path()).unwrap();
+    assert_eq!(
+        r.current_branch(),
+        Some("run2"),
+        "HEAD is the saving store's"
+    );
+    r.gc_with(&tensor_history::GcOptions::immediate()).unwrap();
+    let r = Store::open(dir.path()).unwrap();
+    r.verify().unwrap();
+    let at = |name: &str| {
+        r.snapshot(r.resolve(name).unwrap())
+            .unwrap()
+            .get::<f32>("w")
+            .unwrap()
+    };
+    assert_eq!(at("main"), one(1.0).into_dyn());
+    assert_eq!(at("best"), one(1.0).into_dyn());
+    assert_eq!(at("run2"), one(2.0).into_dyn());
+}
+
+#[test]
+fn save_as_a_descendant_of_the_repository_history_moves_its_refs() {
+    let dir = tempfile::tempdir().unwrap();
+    committed(1.0).save_as(dir.path()).unwrap();
+    let mut s = Store::open(dir.path()).unwrap();
+    let base = s.head().unwrap();
+    s.write("w", &one(2.0)).unwrap();
+    let v2 = s.commit("two").unwrap();
+    // Bound elsewhere (it saw `main` at v2 there, not at the repository's v1), the store
+    // comes back: its main descends from the repository's, nothing is lost.
+    let other = tempfile::tempdir().unwrap();
+    s.save_as(other.path()).unwrap();
+    s.save_as(dir.path()).unwrap();
+    let r = Store::open(dir.path()).unwrap();
+    let main = r.resolve("main").unwrap();
+    assert_eq!(r.version_hash(main).unwrap(), s.version_hash(v2).unwrap());
+    let parent = r.parent(main).unwrap().unwrap();
+    assert_eq!(
+        r.version_hash(parent).unwrap(),
+        s.version_hash(base).unwrap()
+    );
+}
+
+#[test]
+fn save_as_onto_a_conflicting_tag_is_a_conflict() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut first = committed(1.0);
+    first.branch("run1", first.head().unwrap()).unwrap();
+    first.checkout("run1").unwrap();
+    first.delete_branch("main").unwrap();
+    first.tag("best", first.head().unwrap()).unwrap();
+    first.save_as(dir.path()).unwrap();
+    let before = refs_and_head(dir.path());
+
+    let mut second = committed(2.0);
+    second.tag("best", second.head().unwrap()).unwrap();
+    let err = second.save_as(dir.path()).unwrap_err();
+    assert!(
+        matches!(&err, Error::Conflict { branch, .. } if branch == "best"),
+        "{err:?}"
+    );
+    assert_eq!(refs_and_head(dir.path()), before);
+}
+
+#[test]
+fn save_as_leaves_a_detached_head_of_the_repository_at_a_version_it_lacks() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut first = committed(1.0);
+    let v1 = first.head().unwrap();
+    first.write("w", &one(3.0)).unwrap();
+    first.commit("three").unwrap();
+    first.checkout_detached(v1).unwrap();
+    first.write("w", &one(4.0)).unwrap();
+    // Only the detached HEAD reaches this version.
+    let lone = first.commit("only HEAD reaches this").unwrap();
+    first.save_as(dir.path()).unwrap();
+    let head = fs::read(dir.path().join("HEAD.json")).unwrap();
+
+    let mut second = committed(2.0);
+    second.branch("run2", second.head().unwrap()).unwrap();
+    second.checkout("run2").unwrap();
+    second.delete_branch("main").unwrap();
+    second.save_as(dir.path()).unwrap();
+    assert_eq!(fs::read(dir.path().join("HEAD.json")).unwrap(), head);
+    let mut r = Store::open(dir.path()).unwrap();
+    r.gc_with(&tensor_history::GcOptions::immediate()).unwrap();
+    let r = Store::open(dir.path()).unwrap();
+    assert_eq!(
+        r.version_hash(r.head().unwrap()).unwrap(),
+        first.version_hash(lone).unwrap()
+    );
+    assert_eq!(r.get::<f32>("w").unwrap(), one(4.0).into_dyn());
+}

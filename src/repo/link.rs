@@ -51,6 +51,10 @@ pub(crate) struct RepoLink {
     /// (renumbered at open): written again anywhere, a version keeps its content address.
     /// Carried over by `save_as` to the next repository.
     pub(crate) seqs: HashMap<VersionId, u64>,
+    /// Ref states (kind and version, per name) this store saw in the repositories it was
+    /// bound to before this one, carried over by `save_as`: a ref found in one of them
+    /// is one this store moved on from, so its save moves it as a save there would.
+    pub(crate) refs_seen_before: BTreeMap<String, Vec<RefEntry>>,
 }
 
 impl fmt::Debug for RepoLink {
@@ -82,6 +86,7 @@ impl RepoLink {
             records_seen: HashSet::new(),
             config: Vec::new(),
             seqs: HashMap::new(),
+            refs_seen_before: BTreeMap::new(),
         }
     }
 

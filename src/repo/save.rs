@@ -1,7 +1,7 @@
 //! `Store::save` and `Store::save_as`: write what the repository lacks, in a crash-safe
 //! order, then move the refs with create-if-absent writes.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -221,6 +221,84 @@ pub(crate) struct Saved {
     pub(crate) ref_error: Option<Error>,
 }
 
+impl Saved {
+    /// The stats, or the first conflict, or the first ref error.
+    fn into_result(self) -> Result<SaveStats> {
+        match (self.conflicts.into_iter().next(), self.ref_error) {
+            (Some((branch, theirs)), _) => Err(Error::Conflict { branch, theirs }),
+            (None, Some(e)) => Err(e),
+            (None, None) => Ok(self.stats),
+        }
+    }
+}
+
+/// The refs of the repository `b` just connected to that its store did not see: each
+/// latest entry is kept in `b.refs_seen` only where the store saw exactly that state of
+/// the ref (same kind and version) in a repository it was bound to before
+/// (`b.refs_seen_before`), so that the save may move or delete it as a save there
+/// would. The others leave `refs_seen` and are returned: the save writes a ref of the
+/// store over one of them only as a fast-forward (see [`check_unseen`]), and leaves the
+/// rest as they are.
+fn take_unseen_refs(b: &mut RepoLink) -> BTreeMap<String, (u64, RefEntry)> {
+    let all = std::mem::take(&mut b.refs_seen);
+    let mut unseen = BTreeMap::new();
+    for (name, (seq, entry)) in all {
+        let seen = b
+            .refs_seen_before
+            .get(&name)
+            .is_some_and(|states| states.contains(&entry));
+        if seen {
+            b.refs_seen.insert(name, (seq, entry));
+        } else {
+            unseen.insert(name, (seq, entry));
+        }
+    }
+    unseen
+}
+
+/// Before a save onto a repository the store was not bound to writes any ref: every ref
+/// of the store that the repository has in a state the store did not see (`unseen`)
+/// must be in that state already or a fast-forward of it (a deletion there names
+/// nothing to lose), else [`Error::Conflict`] naming the ref and the repository's
+/// version. Each of them then counts as seen (the ref write follows the repository's
+/// log). A detached HEAD of the repository at a version this store does not hold is
+/// taken as this store's, so that the save leaves it as it is.
+fn check_unseen(
+    hist: &History,
+    b: &mut RepoLink,
+    unseen: &BTreeMap<String, (u64, RefEntry)>,
+) -> Result<()> {
+    let hash_of = |v: VersionId| b.saved.get(&v).copied();
+    for (name, (_, theirs)) in unseen {
+        let Some(r) = hist.refs.get(name) else {
+            continue;
+        };
+        let want = refs::entry_of(Some(r), &hash_of);
+        let lost = theirs.kind != EntryKind::Deleted
+            && *theirs != want
+            && !fast_forward(hist, b, theirs, &want);
+        if lost {
+            return Err(Error::Conflict {
+                branch: name.clone(),
+                theirs: theirs.version,
+            });
+        }
+    }
+    let mine = match &hist.head {
+        Head::Branch(name) => Some(HeadJson::Branch(name.clone())),
+        Head::Detached(v) => hash_of(*v).map(HeadJson::Detached),
+    };
+    if matches!(&b.head_seen, Some(HeadJson::Detached(h)) if !b.by_hash.contains_key(h)) {
+        b.head_seen = mine;
+    }
+    for (name, entry) in unseen {
+        if hist.refs.contains_key(name) {
+            b.refs_seen.insert(name.clone(), entry.clone());
+        }
+    }
+    Ok(())
+}
+
 impl Store {
     /// Write every version reachable from a branch, a tag or HEAD that the repository
     /// lacks, then move the refs and HEAD. Only chunks the repository lacks are written
@@ -253,28 +331,38 @@ impl Store {
         let mut bound = self.repo.take().ok_or_else(|| Error::InvalidArgument {
             reason: "this store has no repository: use save_as or open".into(),
         })?;
-        let result = save_into(&mut self.hist, &mut bound);
+        let result = save_into(&mut self.hist, &mut bound, None);
         if result.is_ok() {
             self.evict(&bound);
         }
         self.repo = Some(bound);
-        let saved = result?;
-        match (saved.conflicts.into_iter().next(), saved.ref_error) {
-            (Some((branch, theirs)), _) => Err(Error::Conflict { branch, theirs }),
-            (None, Some(e)) => Err(e),
-            (None, None) => Ok(saved.stats),
-        }
+        result?.into_result()
     }
 
     /// Bind the store to the repository at `location` (a directory, created if absent,
     /// or a URL) and [`save`](Store::save) there. On error the store keeps its previous
     /// repository, if any.
     ///
+    /// Onto a repository that already has a history, `save_as` adds this store's
+    /// versions and refs to it and loses none of its history: a ref of the repository
+    /// that this store also has must be at a version this store's ref descends from (a
+    /// fast-forward), unless this store saw exactly that state of the ref in the
+    /// repository it was bound to (then it moves or deletes it as [`save`](Store::save)
+    /// would: a store saving again into a copy of its own repository). Refs that only
+    /// the repository has are left as they are. Otherwise `save_as` returns
+    /// [`Error::Conflict`] naming the first such ref and the repository's version of it,
+    /// before writing any ref or HEAD, and the store stays bound where it was (the
+    /// objects it wrote are unreferenced, and gc removes them). To keep both
+    /// histories, give this store's branch another name (or open the repository and
+    /// merge), then `save_as` again. A detached HEAD of the repository at a version this
+    /// store does not hold is left as it is.
+    ///
     /// O(all chunks) the first time.
     ///
     /// # Errors
     ///
-    /// As for [`save`](Store::save) and [`open`](Store::open).
+    /// As for [`save`](Store::save) and [`open`](Store::open); [`Error::Conflict`] as
+    /// above.
     pub fn save_as(&mut self, location: impl AsRef<Path>) -> Result<SaveStats> {
         let backend = open_path(location.as_ref())?;
         self.save_to(backend)
@@ -286,19 +374,30 @@ impl Store {
     ///
     /// As for [`save_as`](Store::save_as).
     pub fn save_to(&mut self, backend: Arc<dyn Backend>) -> Result<SaveStats> {
-        let mut bound = RepoLink::connect(backend)?;
+        let mut bound = Box::new(RepoLink::connect(backend)?);
         if let Some(old) = &self.repo {
             bound.seqs.clone_from(&old.seqs);
-        }
-        let old = self.repo.replace(Box::new(bound));
-        match self.save() {
-            // A conflict or a ref name too long comes after every other ref was saved:
-            // the store is bound to the new repository.
-            Err(e) if !matches!(e, Error::Conflict { .. } | Error::RefNameTooLong { .. }) => {
-                self.repo = old;
-                Err(e)
+            bound.refs_seen_before.clone_from(&old.refs_seen_before);
+            for (name, (_, entry)) in &old.refs_seen {
+                let states = bound.refs_seen_before.entry(name.clone()).or_default();
+                if !states.contains(entry) {
+                    states.push(entry.clone());
+                }
             }
-            r => r,
+        }
+        let unseen = take_unseen_refs(&mut bound);
+        // An error here (a ref of the repository that this save would overwrite, found
+        // before any ref was written, included) leaves the store bound where it was.
+        let saved = save_into(&mut self.hist, &mut bound, Some(&unseen))?;
+        match saved.into_result() {
+            // A conflict or a ref name too long found while writing the refs comes after
+            // every other ref was saved: the store is bound to the new repository.
+            Err(e) if !matches!(e, Error::Conflict { .. } | Error::RefNameTooLong { .. }) => Err(e),
+            r => {
+                self.evict(&bound);
+                self.repo = Some(bound);
+                r
+            }
         }
     }
 
@@ -410,7 +509,13 @@ impl Store {
 const MAX_SAVE_ROUNDS: usize = 4;
 
 /// The save protocol proper; `b` is updated with what became durable.
-fn save_into(hist: &mut History, b: &mut RepoLink) -> Result<Saved> {
+/// `unseen`: for a save onto a repository the store was not bound to, the refs there
+/// it did not see (see [`take_unseen_refs`]), checked before any ref is written.
+fn save_into(
+    hist: &mut History,
+    b: &mut RepoLink,
+    unseen: Option<&BTreeMap<String, (u64, RefEntry)>>,
+) -> Result<Saved> {
     let mut stats = SaveStats::default();
     let mut round = 0;
     loop {
@@ -447,6 +552,9 @@ fn save_into(hist: &mut History, b: &mut RepoLink) -> Result<Saved> {
     // Once more before the refs: a repository deleted while this save wrote its objects
     // gets no refs (the objects went into an empty location).
     b.check_config()?;
+    if let Some(unseen) = unseen {
+        check_unseen(hist, b, unseen)?;
+    }
     write_refs(hist, b, stats)
 }
 

@@ -159,6 +159,13 @@ impl PyStore {
 
     /// Bind the store to the repository at `path` (created if absent) and `save` there.
     /// On error the store keeps its previous repository. O(all chunks) the first time.
+    ///
+    /// Onto a repository with a history of its own, nothing of that history is lost: its
+    /// refs that this store does not have stay as they are, and a ref this store has too
+    /// must be a fast-forward of the repository's (unless this store saw exactly that
+    /// state of it), else `Conflict` (naming the ref and `Conflict.theirs`) is raised
+    /// before any ref is written and the store stays bound where it was. To keep both,
+    /// save under another branch name.
     fn save_as(&self, py: Python<'_>, path: PathBuf) -> PyResult<PySaveStats> {
         self.run(py, |i| i.store.save_as(&path))
             .or_py()

@@ -415,3 +415,30 @@ def test_a_tracker_without_a_store_gets_a_budget_of_four_model_sizes():
     assert tracker.store.memory_budget == th.torch.DEFAULT_BUDGET_MODELS * nbytes == 4 * nbytes
     given = th.Store()
     assert th.torch.track(model, opt, store=given).store.memory_budget is None
+
+
+def test_a_second_run_saving_to_the_first_runs_path_keeps_the_first_run(tmp_path):
+    model, opt = make()
+    tr = th.torch.track(model, opt)
+    with tr.trial() as t:
+        train_step(model, opt, np.random.default_rng(1))
+        t.keep("run 1")
+    tr.save(tmp_path)
+    first = state(model, opt)
+    saved = th.Store.open(tmp_path)
+    versions = sorted(saved.version_hash(v) for v in saved.versions())
+
+    model2, opt2 = make(seed=7)
+    tr2 = th.torch.track(model2, opt2)
+    with tr2.trial() as t:
+        train_step(model2, opt2, np.random.default_rng(2))
+        t.keep("run 2")
+    with pytest.raises(th.Conflict) as e:
+        tr2.save(tmp_path)
+    assert e.value.branch == "main"
+    again = th.Store.open(tmp_path)
+    assert sorted(again.version_hash(v) for v in again.versions()) == versions
+    # the first run resumes from the path as it saved it
+    model3, opt3 = make(seed=9)
+    th.torch.track(model3, opt3, path=tmp_path)
+    assert_same(state(model3, opt3), first)

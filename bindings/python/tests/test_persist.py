@@ -386,3 +386,36 @@ def test_saving_from_one_thread_while_another_commits_loses_nothing(tmp_path):
     assert len(r.log()) == 61 and r.log()[0].metadata == {"step": 59}
     assert same(r["w"], s["w"])
     r.verify()
+
+
+def test_save_as_onto_another_history_raises_conflict_and_loses_none_of_it(tmp_path):
+    a = th.Store()
+    a.insert("w", np.zeros(4, np.float32))
+    va = a.commit("run 1")
+    a.tag("best", va)
+    a.save_as(tmp_path)
+    before = history(th.Store.open(tmp_path))
+
+    b = th.Store()
+    b.insert("w", np.ones(4, np.float32))
+    b.commit("run 2")
+    with pytest.raises(th.Conflict) as e:
+        b.save_as(tmp_path)
+    assert e.value.branch == "main" and e.value.theirs == a.version_hash(va)
+    assert b.location is None  # still bound where it was: nowhere
+    assert_same_history(history(th.Store.open(tmp_path)), before)
+
+    # Under another branch name both histories are kept; gc deletes neither.
+    b.branch("run2")
+    b.checkout("run2")
+    b.delete_branch("main")
+    b.save_as(tmp_path)
+    assert b.location is not None
+    c = th.Store.open(tmp_path)
+    c.gc(grace=0)
+    c = th.Store.open(tmp_path)
+    c.verify()
+    assert same(c.get("w", at="main"), np.zeros(4, np.float32))
+    assert same(c.get("w", at="best"), np.zeros(4, np.float32))
+    assert same(c.get("w", at="run2"), np.ones(4, np.float32))
+    assert c.version_hash("main") == a.version_hash(va)

@@ -192,7 +192,9 @@ class Store:
     def save(self) -> SaveStats:
         """Write what the repository lacks, then move its refs (raises ``Conflict``)."""
     def save_as(self, path: str | os.PathLike[str]) -> SaveStats:
-        """Bind to the repository at ``path`` and save there."""
+        """Bind to the repository at ``path`` and save there. Onto an existing history,
+        raises ``Conflict`` (writing no ref) when a ref this store has is not a
+        fast-forward of the repository's; the repository's other refs stay."""
     def refresh(self) -> RefreshStats:
         """Take in what other processes saved since this store last looked."""
     def gc(self, *, grace: float | None = None, repack_below: float | None = None,

@@ -514,7 +514,10 @@ class Tracker:
         """Write the committed versions to the store's repository (or, with `path`, bind
         the store to the repository there first): only chunks it lacks are written.
         Uncommitted changes of the model are not saved: ``commit()`` first. Raises
-        ``Conflict`` if another process moved the branch (see :meth:`Store.save`)."""
+        ``Conflict`` if another process moved the branch (see :meth:`Store.save`), or
+        if ``path`` holds another run's history on this store's branch (see
+        :meth:`Store.save_as`: nothing there is overwritten; resume with
+        ``track(..., path=path)``, or save under another branch)."""
         self._check_idle("save")
         return self.store.save_as(path) if path is not None else self.store.save()
 
