@@ -176,6 +176,16 @@ fn bump(xs: &mut [f32]) {
     xs.iter_mut().for_each(|x| *x += 1.0);
 }
 
+/// A pseudo-random value in [-1, 1) for element `i` of tensor `t` at `step` (splitmix64).
+fn noise(t: usize, i: usize, step: usize) -> f32 {
+    let mut z = (t as u64) << 48 ^ (step as u64) << 32 ^ i as u64;
+    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^= z >> 31;
+    (z >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+}
+
 fn copy_all(src: &[Vec<f32>], dst: &mut [Vec<f32>]) {
     dst.par_iter_mut()
         .zip(src.par_iter())
@@ -447,8 +457,9 @@ fn main() -> Res<()> {
     }
 
     // ---- memory_dense_100v and restore_encoded: 100 dense steps under a budget --------
-    // A model of at most 64 MiB (a quarter of --size-mib with --quick sizes), every
-    // element changed by a relative 1e-4 per step (an optimizer step's magnitude),
+    // A model of at most 64 MiB (a quarter of --size-mib), pseudo-random weights, every
+    // element changed by up to a relative 1e-4 per step (an optimizer step's magnitude,
+    // a different factor per element and step),
     // each step committed with a memory budget of 3 model sizes. Deep copies hold 101
     // models; the store, after the background passes and a final
     // enforce_memory_budget, holds `held_bytes`. Then restore + read of an encoded
@@ -461,13 +472,25 @@ fn main() -> Res<()> {
             memory_budget: Some(3 * dsize),
             ..cfg(None)
         })?;
+        // Weights of a trained layer look random, not like the sweep model's ramp.
+        for (t, name) in dense.names.iter().enumerate() {
+            store.update::<f32>(name, |off, xs| {
+                for (k, x) in xs.iter_mut().enumerate() {
+                    *x = noise(t, off + k, 0) * 0.05;
+                }
+            })?;
+        }
         store.commit("v0")?;
         let mut ids = Vec::new();
-        for k in 1..=100 {
-            for name in &dense.names {
-                store.update_map::<f32>(name, |x| x - 1e-4 * x)?;
+        for step in 1..=100 {
+            for (t, name) in dense.names.iter().enumerate() {
+                store.update::<f32>(name, |off, xs| {
+                    for (k, x) in xs.iter_mut().enumerate() {
+                        *x -= 1e-4 * *x * noise(t, off + k, step);
+                    }
+                })?;
             }
-            ids.push(store.commit(&format!("v{k}"))?);
+            ids.push(store.commit(&format!("v{step}"))?);
         }
         store.enforce_memory_budget();
         let stats = store.stats();
