@@ -282,7 +282,7 @@ class Tracker:
     def _commit(self, message: str, metadata: dict) -> Version:
         entries, tokens, untrusted = self._live()
         dirty = self._dirty_names(entries, tokens, untrusted)
-        arrays = {n: self._np(n, entries[n]) for n in dirty if n in entries}
+        arrays = self._as_stored({n: self._np(n, entries[n]) for n in dirty if n in entries})
         names = self.store.names()
         gone = [n for n in names if self._owns(n) and n not in entries]
         scalars = self._scalars()
@@ -370,6 +370,16 @@ class Tracker:
         replaced by a new tensor instead)."""
         return name.startswith(self.MODEL_PREFIX)
 
+    def _as_stored(self, arrays: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
+        """The arrays a commit writes, in the dtypes the store holds them in where
+        :meth:`_fits` lets a live tensor differ."""
+        return arrays
+
+    def _fits(self, live: str, stored: str) -> bool:
+        """Whether a tensor of dtype `live` can take values stored as `stored` (the
+        core's dtype names)."""
+        return live == stored
+
     def _check_layouts(self, entries: Dict[str, Any], target: Version,
                        prev: Optional[Version], snap: Any) -> None:
         """``TrialError`` if a live tensor that :meth:`_checks_layout` names has another
@@ -389,11 +399,10 @@ class Tracker:
             live = self._np(n, entries[n])
             if n in same_as_head:
                 dtype, shape = store.info(n)
-                ok = _dtype_name(live.dtype) == dtype and tuple(live.shape) == tuple(shape)
             else:
                 want = snap[n]
-                ok = live.dtype == want.dtype and live.shape == want.shape
-            if not ok:
+                dtype, shape = _dtype_name(want.dtype), want.shape
+            if tuple(live.shape) != tuple(shape) or not self._fits(_dtype_name(live.dtype), dtype):
                 wrong.append(n)
         if wrong:
             raise TrialError(
@@ -566,6 +575,24 @@ class AssignTracker(Tracker):
     def _checks_layout(self, name: str) -> bool:
         return True
 
+    def _fits(self, live: str, stored: str) -> bool:
+        """Integers of another width fit (step counters are int64 on one backend and
+        int32 on another), provided the values do: see :meth:`_write`."""
+        return live == stored or (live[0] in "iu" and stored[0] in "iu")
+
+    def _as_stored(self, arrays: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
+        """Integers of another width than the store's are written in the store's dtype
+        when the values fit (else as they are, which raises ``DTypeMismatch``)."""
+        store = self.store
+        for n, a in arrays.items():
+            if a.dtype.kind in "iu" and n in store:
+                stored = store.info(n)[0]
+                if stored != _dtype_name(a.dtype) and stored[0] in "iu":
+                    cast = a.astype(np.dtype(stored[0] + str(int(stored[1:]) // 8)))
+                    if np.array_equal(cast.astype(a.dtype), a):
+                        arrays[n] = cast
+        return arrays
+
     def _write(self, into: dict, known: Optional[Version], written: dict,
                mismatched: list, entries: Dict[str, Any]) -> None:
         """Assign the store's working state to every variable of `into` whose value
@@ -581,9 +608,16 @@ class AssignTracker(Tracker):
                     if n not in diff or diff[n].kind != "unchanged"}
         for n, live in into.items():
             want = store.get(n)
-            if want.dtype != live.dtype or want.shape != live.shape:
+            if want.shape != live.shape or not self._fits(_dtype_name(live.dtype),
+                                                          _dtype_name(want.dtype)):
                 mismatched.append(n)
                 continue
+            if want.dtype != live.dtype:
+                cast = want.astype(live.dtype)
+                if not np.array_equal(cast.astype(want.dtype), want):
+                    mismatched.append(n)  # the values do not fit the narrower integer
+                    continue
+                want = cast
             same = want.size == 0 or np.array_equal(
                 np.ascontiguousarray(live).reshape(-1).view(np.uint8),
                 want.reshape(-1).view(np.uint8))

@@ -191,9 +191,11 @@ class Tracker(AssignTracker):
 
     def _model_vars(self) -> List[Tuple[str, Any]]:
         obj = self.variables
-        tf = _tf()
         if isinstance(obj, dict):
             return list(obj.items())
+        if _is_keras(obj):
+            return keras_model_variables(obj)
+        tf = _tf()
         if isinstance(obj, (list, tuple)):
             names = [v.name.split(":")[0] for v in obj]
             if len(set(names)) != len(names):  # unnamed variables are all "Variable"
@@ -201,8 +203,6 @@ class Tracker(AssignTracker):
             return list(zip(names, obj))
         if isinstance(obj, tf.Variable):
             return [(obj.name.split(":")[0], obj)]
-        if _is_keras(obj):
-            return keras_model_variables(obj)
         if isinstance(obj, tf.Module):
             pairs = obj._flatten(predicate=lambda x: isinstance(x, tf.Variable), with_path=True)
             return _unique([("/".join(str(p) for p in path), v) for path, v in pairs],

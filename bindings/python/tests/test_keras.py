@@ -1,0 +1,261 @@
+"""The Keras tracker with real Keras 3 on the backend KERAS_BACKEND names (tensorflow when
+unset; CI runs this file once per backend): skipped when Keras or the backend is not
+installed, unless TH_REQUIRE_KERAS=1 (CI's keras tier), where that is a failure."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+BACKEND = os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+_MODULE = {"tensorflow": "tensorflow", "jax": "jax", "torch": "torch"}.get(BACKEND, BACKEND)
+if os.environ.get("TH_REQUIRE_KERAS") == "1":
+    __import__(_MODULE)
+    import keras
+else:
+    pytest.importorskip(_MODULE, reason=f"the Keras backend {BACKEND} is not installed")
+    keras = pytest.importorskip("keras", reason="Keras is not installed")
+
+from hypothesis import HealthCheck, settings  # noqa: E402
+
+import tensor_history as th  # noqa: E402
+import tensor_history.keras  # noqa: E402,F401
+from conftest import same  # noqa: E402
+from framework_machine import TrackerMachine  # noqa: E402
+
+if BACKEND == "torch":
+    import torch
+
+    torch.set_num_threads(1)
+
+
+def test_keras_runs_on_the_backend_asked_for():
+    assert keras.backend.backend() == BACKEND
+
+
+def values(v):
+    return np.array(keras.ops.convert_to_numpy(v.value))
+
+
+def model(seed=0, dtype="float32", width=8):
+    keras.utils.set_random_seed(seed)
+    m = keras.Sequential([keras.Input((4,)),
+                          keras.layers.Dense(width, activation="tanh", dtype=dtype),
+                          keras.layers.BatchNormalization(dtype=dtype),
+                          keras.layers.Dense(3, dtype=dtype)])
+    return m
+
+
+def all_values(m, opt=None):
+    vs = list(m.variables) + (list(opt.variables) if opt is not None else [])
+    return [values(v) for v in vs]
+
+
+def data(i, dtype="float32"):
+    rng = np.random.default_rng(i)
+    return rng.standard_normal((16, 4)).astype(dtype), rng.standard_normal((16, 3)).astype(dtype)
+
+
+def compiled(m, opt):
+    m.compile(optimizer=opt, loss="mse")
+    return m
+
+
+def test_a_reverted_train_on_batch_puts_model_and_optimizer_back():
+    opt = keras.optimizers.Adam(0.01)
+    m = compiled(model(), opt)
+    tr = th.keras.track(m, opt)
+    before = all_values(m, opt)
+    with tr.trial():
+        m.train_on_batch(*data(0))
+        assert int(values(opt.iterations)) == 1
+    for a, b in zip(all_values(m, opt), before):
+        assert same(a, b)
+    with tr.trial() as t:
+        loss = m.train_on_batch(*data(0))
+        t.keep(loss=loss)
+    assert tr.store.metadata(t.kept)["loss"] == pytest.approx(float(loss))
+    assert "optim/dense/kernel/momentum" in tr.store.names()
+
+
+def optimizer_names():
+    out = []
+    for name in sorted(dir(keras.optimizers)):
+        cls = getattr(keras.optimizers, name)
+        if isinstance(cls, type) and issubclass(cls, keras.optimizers.Optimizer) \
+                and cls is not keras.optimizers.Optimizer \
+                and "learning_rate" in inspect.signature(cls.__init__).parameters:
+            out.append(name)
+    return out
+
+
+@pytest.mark.parametrize("name", optimizer_names())
+def test_training_with_accept_reject_matches_numpy_copies_bit_for_bit(name):
+    """Every optimizer Keras ships, through train_on_batch: the tracker's run and the run
+    with NumPy copies of every variable (assigned back on rejection) end bit-identical."""
+    o1 = getattr(keras.optimizers, name)(learning_rate=0.01)
+    o2 = getattr(keras.optimizers, name)(learning_rate=0.01)
+    m1, m2 = compiled(model(), o1), compiled(model(), o2)
+    m2.set_weights(m1.get_weights())
+    o2.build(m2.trainable_variables)
+    tr = th.keras.track(m1, o1)
+    ref = list(m2.variables) + list(o2.variables)
+    for i in range(5):
+        accept = i % 3 != 1
+        saved = [values(v) for v in ref]
+        m2.train_on_batch(*data(i))
+        if not accept:
+            for v, a in zip(ref, saved):
+                v.assign(a)
+        with tr.trial() as t:
+            m1.train_on_batch(*data(i))
+            if accept:
+                t.keep()
+        for a, b in zip(all_values(m1, o1), all_values(m2, o2)):
+            assert same(a, b), name
+    tr.store.verify()
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_half_precision_variables_revert_bit_for_bit(dtype):
+    opt = keras.optimizers.SGD(0.01)
+    m = compiled(model(dtype=dtype), opt)
+    tr = th.keras.track(m, opt)
+    with tr.trial() as t:
+        m.train_on_batch(*data(0, dtype))
+        t.keep()
+    kept = all_values(m, opt)
+    with tr.trial():
+        m.train_on_batch(*data(1, dtype))
+    for a, b in zip(all_values(m, opt), kept):
+        assert same(a, b)
+    assert str(tr.store.get("model/dense/kernel").dtype) == dtype
+
+
+def test_an_unbuilt_optimizer_is_built_by_track():
+    opt = keras.optimizers.Adam(0.01)
+    m = compiled(model(), opt)
+    assert not opt.built
+    tr = th.keras.track(m, opt)
+    assert opt.built and "optim/0/iteration" in tr.store.names()
+    before = all_values(m, opt)
+    with tr.trial():
+        m.train_on_batch(*data(0))
+    for a, b in zip(all_values(m, opt), before):
+        assert same(a, b)
+
+
+def test_a_layer_added_inside_a_trial_is_named_after_the_rest_is_reverted():
+    m = model()
+    tr = th.keras.track(m)
+    before = all_values(m)
+    with pytest.raises(th.TrialError) as e:
+        with tr.trial():
+            m.layers[0].kernel.assign(values(m.layers[0].kernel) * 2)
+            m.add(keras.layers.Dense(2))
+    assert e.value.reason == "model structure" and "model/dense_2/kernel" in str(e.value)
+    for a, b in zip(all_values(m)[:len(before)], before):
+        assert same(a, b)
+
+
+def test_resuming_into_a_model_of_another_shape_raises_before_assigning(tmp_path):
+    m = model()
+    tr = th.keras.track(m, path=tmp_path / "run")
+    tr.save()
+    wide = model(seed=1, width=9)
+    mine = all_values(wide)
+    with pytest.raises(th.TrialError) as e:
+        th.keras.track(wide, path=tmp_path / "run")
+    assert e.value.reason == "model structure"
+    for a, b in zip(all_values(wide), mine):
+        assert same(a, b)
+
+
+CHILD = r"""
+import json, os, sys
+import numpy as np
+sys.path.insert(0, sys.argv[3])
+import keras, tensor_history as th, tensor_history.keras
+from test_keras import model, compiled, values
+opt = keras.optimizers.Adam(0.01)
+m = compiled(model(seed=7), opt)
+tr = th.keras.track(m, opt, path=sys.argv[1])
+np.savez(sys.argv[2], *[values(v) for v in list(m.variables) + list(opt.variables)])
+tr.branch(keras.backend.backend())
+tr.checkout(keras.backend.backend())
+m.train_on_batch(np.ones((4, 4), "float32"), np.ones((4, 3), "float32"))
+tr.commit("one more step on " + keras.backend.backend())
+tr.checkout("main")  # the repository's HEAD stays on main
+tr.save()
+"""
+
+
+def other_backends():
+    import importlib.util
+
+    return [b for b in ("tensorflow", "jax", "torch")
+            if b != BACKEND and importlib.util.find_spec(b) is not None]
+
+
+def test_a_history_saved_on_one_backend_opens_on_the_others(tmp_path):
+    opt = keras.optimizers.Adam(0.01)
+    m = compiled(model(), opt)
+    repo = str(tmp_path / "run")
+    tr = th.keras.track(m, opt, path=repo)
+    for i in range(2):
+        with tr.trial() as t:
+            m.train_on_batch(*data(i))
+            t.keep()
+    tr.save()
+    want = all_values(m, opt)
+    others = other_backends()
+    if not others:
+        pytest.skip("no other Keras backend is installed")
+    for b in others:
+        out = str(tmp_path / f"{b}.npz")
+        env = dict(os.environ, KERAS_BACKEND=b)
+        subprocess.run([sys.executable, "-c", CHILD, repo, out, os.path.dirname(__file__)],
+                       check=True, env=env)
+        got = np.load(out)
+        got = [got[f"arr_{i}"] for i in range(len(got.files))]
+        assert len(got) == len(want)
+        for a, w in zip(got, want):
+            # step counters are int64 on TensorFlow, int32 on JAX: same values
+            ints = a.dtype.kind in "iu" and w.dtype.kind in "iu"
+            assert (ints and np.array_equal(a, w)) or same(a, w), b
+    # every backend's step landed on its branch of the repository
+    store = th.Store.open(repo)
+    assert len(store.log()) == 3
+    for b in others:
+        assert len(store.log(b)) == 4 and store.metadata(b) is not None
+    assert store.current_branch() == "main"
+    # and safetensors export of a version works as for any store
+    store.export_safetensors(str(tmp_path / "head.safetensors"))
+    back = th.Store()
+    names = back.import_safetensors(str(tmp_path / "head.safetensors"))
+    assert set(names) == set(store.names())
+
+
+class KerasMachine(TrackerMachine):
+    def make(self, dtype, seed):
+        return model(seed=seed, dtype=dtype)
+
+    def values(self, m):
+        return {"model/" + n: values(v) for n, v in th.tf.keras_model_variables(m)}
+
+    def assign(self, m, name, value):
+        dict(th.tf.keras_model_variables(m))[name[len("model/"):]].assign(value)
+
+    def track(self, m, **kw):
+        return th.keras.track(m, **kw)
+
+
+TestKerasMachine = KerasMachine.TestCase
+TestKerasMachine.settings = settings(max_examples=15, stateful_step_count=10, deadline=None,
+                                     suppress_health_check=list(HealthCheck))
