@@ -1,9 +1,13 @@
 """The framework-neutral half of the trackers: trials, keep and revert, commits of what
 changed, metadata, save and resume.
 
-A framework module (``tensor_history.torch``) subclasses :class:`Tracker` and supplies
-the tensors by store name, NumPy views of their storage, identity tokens that prove a
-tensor unchanged, and the framework's hyper-parameters; everything else lives here.
+A framework module subclasses :class:`Tracker` and supplies the tensors by store name,
+NumPy views of their storage, identity tokens that prove a tensor unchanged, and the
+framework's hyper-parameters; everything else lives here. ``tensor_history.torch``
+writes restores through writable views of the tensors' storage; frameworks without such
+views (``tensor_history.tf``, ``tensor_history.keras``, the Flax NNX tracker of
+``tensor_history.jax``) subclass :class:`AssignTracker`, which assigns each variable
+whose value differs, whole.
 
 Names in the store are ``<prefix>/...`` for each of the tracker's ``PREFIXES``; other
 variables of the store (the user's own) are kept as they are by every commit.
