@@ -92,8 +92,13 @@ class TrackerMachine(RuleBasedStateMachine):
     def trial(self, keep: bool, scale: float) -> None:
         entry_dirty = any(not same(a, self.versions[self.head()][k])
                           for k, a in self.working.items())
+        before = self.head()
         with self.tracker.trial() as t:
-            if entry_dirty:  # the base commit of the state at entry
+            # A changed state at entry is committed as the trial's base; so may be a
+            # state changed back to HEAD's values (the tracker's identity checks see the
+            # writes, not the values), which holds HEAD's values then.
+            assert entry_dirty <= (t.base != before)
+            if t.base != before:
                 self.versions[t.base] = self.copy(self.working)
                 self.moved(t.base)
             name = sorted(self.working)[0]
