@@ -16,9 +16,25 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// The messages show names and other caller-given text with control characters, line
 /// separators and invisible reordering characters escaped (`\n`, `\u{202e}`), so one
 /// message is always one line; the fields hold the text as given.
+///
+/// # Families
+///
+/// | family | variants |
+/// | --- | --- |
+/// | variables and tensors | [`UnknownVariable`](Error::UnknownVariable), [`VariableExists`](Error::VariableExists), [`DTypeMismatch`](Error::DTypeMismatch), [`ShapeMismatch`](Error::ShapeMismatch), [`RangeOutOfBounds`](Error::RangeOutOfBounds), [`NotRowAligned`](Error::NotRowAligned), [`TooLarge`](Error::TooLarge), [`TooManyDims`](Error::TooManyDims), [`UnsupportedDType`](Error::UnsupportedDType) |
+/// | versions and history | [`UnknownVersion`](Error::UnknownVersion), [`PrunedVersion`](Error::PrunedVersion), [`NoCommits`](Error::NoCommits), [`UncommittedChanges`](Error::UncommittedChanges), [`NothingToUndo`](Error::NothingToUndo), [`NothingToRedo`](Error::NothingToRedo), [`MergeConflict`](Error::MergeConflict) (chunks changed on both sides of a merge; one [`Conflict`] per variable) |
+/// | refs | [`UnknownRef`](Error::UnknownRef), [`RefExists`](Error::RefExists), [`InvalidRefName`](Error::InvalidRefName), [`RefNameTooLong`](Error::RefNameTooLong), [`WrongRefKind`](Error::WrongRefKind), [`BranchCheckedOut`](Error::BranchCheckedOut), [`AmbiguousRef`](Error::AmbiguousRef) |
+/// | arguments and settings | [`InvalidArgument`](Error::InvalidArgument), [`InvalidConfig`](Error::InvalidConfig), [`InvalidHash`](Error::InvalidHash) |
+/// | repository | [`Io`](Error::Io), [`UnsupportedFormat`](Error::UnsupportedFormat), [`CorruptObject`](Error::CorruptObject), [`BranchMoved`](Error::BranchMoved) (a save found a branch moved by another process), [`RepositoryReplaced`](Error::RepositoryReplaced) |
+/// | safetensors files | [`InvalidSafeTensors`](Error::InvalidSafeTensors), [`UnsupportedSafeTensorsDType`](Error::UnsupportedSafeTensorsDType) |
+/// | integrity | [`Corrupt`](Error::Corrupt) (damaged data in memory, as [`verify`](crate::Store::verify) finds it), [`Internal`](Error::Internal) (a bug) |
+///
+/// [`BranchMoved`](Error::BranchMoved) was called `Conflict` before; an enum variant has
+/// no alias, so code matching `Error::Conflict` must be renamed.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
+    // ---- Variables and tensors -----------------------------------------------
     /// No variable of that name in the working state (or in the snapshot asked).
     #[error("unknown variable `{}`", escape(.name))]
     UnknownVariable {
@@ -100,18 +116,21 @@ pub enum Error {
         /// The most a tensor may have ([`MAX_DIMS`](crate::MAX_DIMS)).
         max: usize,
     },
-    /// A [`Config`](crate::Config) value is not usable.
-    #[error("invalid config: {}", escape(.reason))]
-    InvalidConfig {
-        /// What is wrong.
-        reason: String,
+    /// The operation is not defined for this dtype (`Mean` merge or `average` of integers).
+    #[error(
+        "{operation} is not defined for dtype {dtype} (variable `{}`)",
+        escape(.name)
+    )]
+    UnsupportedDType {
+        /// The variable.
+        name: String,
+        /// Its dtype.
+        dtype: DType,
+        /// The operation asked.
+        operation: &'static str,
     },
-    /// Text that is not 64 hex digits was parsed as a [`ContentHash`](crate::ContentHash).
-    #[error("not a 64-digit hex content hash: `{}`", escape(.text))]
-    InvalidHash {
-        /// The text given.
-        text: String,
-    },
+
+    // ---- Versions and history ------------------------------------------------
     /// No version with this id was ever created in this store.
     #[error("unknown version {id}")]
     UnknownVersion {
@@ -124,6 +143,27 @@ pub enum Error {
         /// The id asked for.
         id: VersionId,
     },
+    /// The call needs at least one commit (a HEAD).
+    #[error("no commit yet")]
+    NoCommits,
+    /// Undo, redo, merge and average need a clean working state; commit or discard first.
+    #[error("the working state has uncommitted changes")]
+    UncommittedChanges,
+    /// HEAD has no parent (or no commit exists).
+    #[error("nothing to undo")]
+    NothingToUndo,
+    /// No version to go forward to: no undo since the last commit, restore or checkout.
+    #[error("nothing to redo")]
+    NothingToRedo,
+    /// A three-way merge found chunks changed on both sides, and the strategy does not
+    /// resolve them.
+    #[error("merge conflict in {}", conflict_names(.conflicts))]
+    MergeConflict {
+        /// One entry per variable in conflict.
+        conflicts: Vec<Conflict>,
+    },
+
+    // ---- Refs ----------------------------------------------------------------
     /// No branch or tag of that name.
     #[error("unknown ref `{}`", escape(.name))]
     UnknownRef {
@@ -174,38 +214,16 @@ pub enum Error {
         /// The branch.
         name: String,
     },
-    /// The call needs at least one commit (a HEAD).
-    #[error("no commit yet")]
-    NoCommits,
-    /// Undo, redo, merge and average need a clean working state; commit or discard first.
-    #[error("the working state has uncommitted changes")]
-    UncommittedChanges,
-    /// HEAD has no parent (or no commit exists).
-    #[error("nothing to undo")]
-    NothingToUndo,
-    /// No version to go forward to: no undo since the last commit, restore or checkout.
-    #[error("nothing to redo")]
-    NothingToRedo,
-    /// A three-way merge found chunks changed on both sides, and the strategy does not
-    /// resolve them.
-    #[error("merge conflict in {}", conflict_names(.conflicts))]
-    MergeConflict {
-        /// One entry per variable in conflict.
-        conflicts: Vec<Conflict>,
+    /// A hex prefix given to `resolve` matches more than one saved version.
+    #[error("`{prefix}` matches {matches} versions; give more hex digits")]
+    AmbiguousRef {
+        /// The prefix given.
+        prefix: String,
+        /// How many versions it matches.
+        matches: usize,
     },
-    /// The operation is not defined for this dtype (`Mean` merge or `average` of integers).
-    #[error(
-        "{operation} is not defined for dtype {dtype} (variable `{}`)",
-        escape(.name)
-    )]
-    UnsupportedDType {
-        /// The variable.
-        name: String,
-        /// Its dtype.
-        dtype: DType,
-        /// The operation asked.
-        operation: &'static str,
-    },
+
+    // ---- Arguments and settings ----------------------------------------------
     /// An argument that is not valid for the call (empty version list, weights that do not
     /// match, a merge of a version into itself).
     #[error("invalid argument: {}", escape(.reason))]
@@ -213,6 +231,20 @@ pub enum Error {
         /// What is wrong.
         reason: String,
     },
+    /// A [`Config`](crate::Config) value is not usable.
+    #[error("invalid config: {}", escape(.reason))]
+    InvalidConfig {
+        /// What is wrong.
+        reason: String,
+    },
+    /// Text that is not 64 hex digits was parsed as a [`ContentHash`](crate::ContentHash).
+    #[error("not a 64-digit hex content hash: `{}`", escape(.text))]
+    InvalidHash {
+        /// The text given.
+        text: String,
+    },
+
+    // ---- Repository ----------------------------------------------------------
     /// A storage backend failed (disk full, permission denied, network error, a missing
     /// object). Nothing in memory or in the repository was lost.
     #[error("I/O error on `{}`: {}", escape(.path), escape(.message))]
@@ -236,6 +268,14 @@ pub enum Error {
         /// What was found (the format name and version).
         found: String,
     },
+    /// A repository object failed its checksum or its hash, or does not parse.
+    #[error("corrupt repository object `{path}`: {reason}")]
+    CorruptObject {
+        /// The object (file path or key) at fault.
+        path: String,
+        /// What is wrong with it.
+        reason: String,
+    },
     /// A save found that a branch (or tag) moved in the repository since this store last
     /// saw it, and this store's version does not descend from the repository's: nothing
     /// was written for that ref. Every other ref was saved, and HEAD unless it is attached
@@ -248,7 +288,7 @@ pub enum Error {
         escape(.branch),
         match .theirs { Some(h) => format!("it is at version {h} there"), None => "it was deleted there".into() }
     )]
-    Conflict {
+    BranchMoved {
         /// The branch.
         branch: String,
         /// The content address of the repository's version of the branch (accepted by
@@ -266,6 +306,8 @@ pub enum Error {
         /// What was found (`is gone (no config.json)`, `was replaced by another one`).
         reason: String,
     },
+
+    // ---- safetensors files ---------------------------------------------------
     /// A file given to `import_safetensors` is not a valid safetensors file (a header
     /// that is too small, too large, not JSON, or offsets that do not cover the data).
     /// Nothing was imported.
@@ -287,26 +329,22 @@ pub enum Error {
         /// The safetensors dtype, as written in the file (`BOOL`, `F8_E4M3`, ...).
         dtype: String,
     },
-    /// A repository object failed its checksum or its hash, or does not parse.
-    #[error("corrupt repository object `{path}`: {reason}")]
-    CorruptObject {
-        /// The object (file path or key) at fault.
-        path: String,
-        /// What is wrong with it.
-        reason: String,
-    },
-    /// A hex prefix given to `resolve` matches more than one saved version.
-    #[error("`{prefix}` matches {matches} versions; give more hex digits")]
-    AmbiguousRef {
-        /// The prefix given.
-        prefix: String,
-        /// How many versions it matches.
-        matches: usize,
-    },
-    /// `verify` found a broken invariant or a cached hash that does not match the bytes.
+
+    // ---- Integrity -----------------------------------------------------------
+    /// Damaged data in memory: [`verify`](crate::Store::verify) found a broken invariant
+    /// or a cached hash that does not match the bytes, or a chunk held encoded (under a
+    /// memory budget) does not decode to its id. Failures that are not damage are
+    /// [`Internal`](Error::Internal).
     #[error("integrity check failed: {}", escape(.reason))]
     Corrupt {
         /// What is broken.
+        reason: String,
+    },
+    /// A check that cannot fail did: a bug in tensor-history (please report it with the
+    /// message). Nothing was changed.
+    #[error("internal error (a bug in tensor-history): {}", escape(.reason))]
+    Internal {
+        /// What the check found.
         reason: String,
     },
 }

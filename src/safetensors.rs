@@ -236,10 +236,10 @@ fn header<'a>(
         offset = end;
     }
     // `Metadata::new` checks that the offsets are contiguous and match shape and dtype.
-    let metadata = Metadata::new(None, infos).map_err(|e| Error::Corrupt {
+    let metadata = Metadata::new(None, infos).map_err(|e| Error::Internal {
         reason: format!("safetensors rejected the header built for this snapshot: {e}"),
     })?;
-    let mut json = serde_json::to_vec(&metadata).map_err(|e| Error::Corrupt {
+    let mut json = serde_json::to_vec(&metadata).map_err(|e| Error::Internal {
         reason: format!("safetensors header does not serialize: {e}"),
     })?;
     json.resize(json.len().next_multiple_of(8), b' ');

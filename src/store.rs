@@ -352,7 +352,7 @@ impl Store {
         let t = self.typed_mut::<T>(name)?;
         t.check_shape(name, other.shape())?;
         let std = other.as_standard_layout();
-        let flat = std.as_slice().ok_or_else(|| Error::Corrupt {
+        let flat = std.as_slice().ok_or_else(|| Error::Internal {
             reason: "standard-layout array without a contiguous slice".into(),
         })?;
         let written = t.zip(flat, &ctx, f);
@@ -377,7 +377,7 @@ impl Store {
         let t = self.typed_mut::<T>(name)?;
         t.check_shape(name, array.shape())?;
         let std = array.as_standard_layout();
-        let flat = std.as_slice().ok_or_else(|| Error::Corrupt {
+        let flat = std.as_slice().ok_or_else(|| Error::Internal {
             reason: "standard-layout array without a contiguous slice".into(),
         })?;
         Ok(t.write_from(flat, &ctx))

@@ -228,7 +228,7 @@ impl Tensor {
         checked_nbytes(&shape, T::DTYPE)?;
         let chunk_elems = chunk_elems_for(&shape, T::DTYPE, chunk_bytes)?;
         let std = array.as_standard_layout();
-        let flat = std.as_slice().ok_or_else(|| Error::Corrupt {
+        let flat = std.as_slice().ok_or_else(|| Error::Internal {
             reason: "standard-layout array without a contiguous slice".into(),
         })?;
         let pieces: Vec<&[T]> = flat.chunks(chunk_elems).collect();
@@ -407,7 +407,7 @@ impl Tensor {
         let len = self.len();
         let filled: usize = self.chunks.iter().map(|c| c.as_slice::<T>().len()).sum();
         if filled != len {
-            return Err(Error::Corrupt {
+            return Err(Error::Internal {
                 reason: format!("tensor data ({filled} elements) does not fill its shape ({len})"),
             });
         }
@@ -434,7 +434,7 @@ impl Tensor {
         unsafe {
             out.set_len(len);
         }
-        ArrayD::from_shape_vec(IxDyn(&self.shape), out).map_err(|e| Error::Corrupt {
+        ArrayD::from_shape_vec(IxDyn(&self.shape), out).map_err(|e| Error::Internal {
             reason: format!("tensor data does not fill its shape: {e}"),
         })
     }

@@ -195,7 +195,7 @@ fn save_as_onto_another_history_is_a_conflict_that_writes_no_ref() {
     let mut second = committed(2.0);
     let err = second.save_as(dir.path()).unwrap_err();
     assert!(
-        matches!(&err, Error::Conflict { branch, theirs } if branch == "main" && *theirs == Some(h1)),
+        matches!(&err, Error::BranchMoved { branch, theirs } if branch == "main" && *theirs == Some(h1)),
         "{err:?}"
     );
     assert_eq!(second.location(), None, "the store stays unbound");
@@ -213,7 +213,7 @@ fn save_as_onto_another_history_is_a_conflict_that_writes_no_ref() {
     second.save_as(other.path()).unwrap();
     assert!(matches!(
         second.save_as(dir.path()),
-        Err(Error::Conflict { .. })
+        Err(Error::BranchMoved { .. })
     ));
     assert_eq!(second.location(), Some(other.path().to_str().unwrap()));
     assert_eq!(refs_and_head(dir.path()), before);
@@ -290,7 +290,7 @@ fn save_as_onto_a_conflicting_tag_is_a_conflict() {
     second.tag("best", second.head().unwrap()).unwrap();
     let err = second.save_as(dir.path()).unwrap_err();
     assert!(
-        matches!(&err, Error::Conflict { branch, .. } if branch == "best"),
+        matches!(&err, Error::BranchMoved { branch, .. } if branch == "best"),
         "{err:?}"
     );
     assert_eq!(refs_and_head(dir.path()), before);

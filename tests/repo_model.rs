@@ -5,7 +5,7 @@
 //! second store while the first stays open, and `refresh`. The deep-copy model is extended with a model of the repository: every saved
 //! version's contents by content address, the ref logs, HEAD and prune markers, and what
 //! each store last saw of the refs. From it the test predicts what `Store::open` loads
-//! (ids by the documented rule), what `save` writes or reports as `Error::Conflict`, and
+//! (ids by the documented rule), what `save` writes or reports as `Error::BranchMoved`, and
 //! what `refresh` takes in. After every step everything observable must equal the model
 //! and `verify()` must pass; a call that fails must change nothing. The repository is in
 //! memory (`MemoryBackend`). `TH_PROPTEST_CASES` sets the number of cases.
@@ -412,7 +412,7 @@ impl Side {
         }
         match (got, conflicts.first()) {
             (Ok(_), None) => {}
-            (Err(Error::Conflict { branch, .. }), Some(want)) => {
+            (Err(Error::BranchMoved { branch, .. }), Some(want)) => {
                 prop_assert_eq!(&branch, want);
                 prop_assert_eq!(
                     &Fingerprint::of(&self.store).without_pool(),

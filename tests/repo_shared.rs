@@ -92,7 +92,7 @@ fn a_save_of_a_branch_moved_by_another_store_is_a_conflict_that_loses_nothing() 
     let before = b.get::<f32>("w").unwrap();
     let e = b.save().unwrap_err();
     assert!(
-        matches!(&e, Error::Conflict { branch, .. } if branch == "main"),
+        matches!(&e, Error::BranchMoved { branch, .. } if branch == "main"),
         "{e:?}"
     );
     // Nothing lost in memory, nothing written for main.
@@ -707,7 +707,7 @@ fn a_branch_another_store_deleted_while_moved_here_is_written_again_after_a_refr
 
     let e = a.save().unwrap_err();
     assert!(
-        matches!(&e, Error::Conflict { branch, theirs: None, .. } if branch == "keep"),
+        matches!(&e, Error::BranchMoved { branch, theirs: None, .. } if branch == "keep"),
         "{e:?}"
     );
     assert!(e.to_string().contains("deleted there"), "{e}");
@@ -737,7 +737,7 @@ fn a_diverged_branch_whose_work_another_branch_holds_follows_the_repository_afte
     let vb = b.commit("b's step").unwrap();
     let e = b.save().unwrap_err();
     assert!(
-        matches!(&e, Error::Conflict { branch, theirs: Some(h), .. } if branch == "main" && *h == va_hash),
+        matches!(&e, Error::BranchMoved { branch, theirs: Some(h), .. } if branch == "main" && *h == va_hash),
         "{e:?}"
     );
     // b keeps its work on a branch of its own; `main` may then take the repository's.
@@ -767,7 +767,7 @@ fn a_branch_deleted_here_and_moved_by_another_store_follows_the_repository_after
     b.commit("on exp").unwrap();
     b.save().unwrap();
     a.delete_branch("exp").unwrap();
-    assert!(matches!(a.save(), Err(Error::Conflict { branch, .. }) if branch == "exp"));
+    assert!(matches!(a.save(), Err(Error::BranchMoved { branch, .. }) if branch == "exp"));
     let stats = a.refresh().unwrap();
     assert_eq!(stats.refs_updated, ["exp"]);
     assert_eq!(a.message(a.resolve("exp").unwrap()).unwrap(), "on exp");
@@ -789,7 +789,7 @@ fn a_diverged_branch_names_the_repositorys_version_and_leaves_the_other_refs_sav
     b.commit("b's step").unwrap();
     b.tag("b-tag", base).unwrap();
     b.branch("other", base).unwrap();
-    assert!(matches!(b.save(), Err(Error::Conflict { .. })));
+    assert!(matches!(b.save(), Err(Error::BranchMoved { .. })));
     let stats = b.refresh().unwrap();
     assert_eq!(stats.diverged, ["main"]);
     let theirs = stats.theirs["main"].unwrap();
@@ -801,7 +801,7 @@ fn a_diverged_branch_names_the_repositorys_version_and_leaves_the_other_refs_sav
     b.branch("later", later).unwrap();
     let e = b.save().unwrap_err();
     assert!(
-        matches!(&e, Error::Conflict { branch, theirs: Some(h), .. } if branch == "main" && *h == va_hash),
+        matches!(&e, Error::BranchMoved { branch, theirs: Some(h), .. } if branch == "main" && *h == va_hash),
         "{e:?}"
     );
     let r = open(&dir);

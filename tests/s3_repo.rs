@@ -132,7 +132,7 @@ fn child_entry() {
             wait_for_go(go);
             match s.save() {
                 Ok(_) => SAVED,
-                Err(Error::Conflict { .. }) => CONFLICT,
+                Err(Error::BranchMoved { .. }) => CONFLICT,
                 Err(e) => panic!("race save: {e}"),
             }
         }

@@ -225,7 +225,7 @@ impl Saved {
     /// The stats, or the first conflict, or the first ref error.
     fn into_result(self) -> Result<SaveStats> {
         match (self.conflicts.into_iter().next(), self.ref_error) {
-            (Some((branch, theirs)), _) => Err(Error::Conflict { branch, theirs }),
+            (Some((branch, theirs)), _) => Err(Error::BranchMoved { branch, theirs }),
             (None, Some(e)) => Err(e),
             (None, None) => Ok(self.stats),
         }
@@ -259,7 +259,7 @@ fn take_unseen_refs(b: &mut RepoLink) -> BTreeMap<String, (u64, RefEntry)> {
 /// Before a save onto a repository the store was not bound to writes any ref: every ref
 /// of the store that the repository has in a state the store did not see (`unseen`)
 /// must be in that state already or a fast-forward of it (a deletion there names
-/// nothing to lose), else [`Error::Conflict`] naming the ref and the repository's
+/// nothing to lose), else [`Error::BranchMoved`] naming the ref and the repository's
 /// version. Each of them then counts as seen (the ref write follows the repository's
 /// log). A detached HEAD of the repository at a version this store does not hold is
 /// taken as this store's, so that the save leaves it as it is.
@@ -278,7 +278,7 @@ fn check_unseen(
             && *theirs != want
             && !fast_forward(hist, b, theirs, &want);
         if lost {
-            return Err(Error::Conflict {
+            return Err(Error::BranchMoved {
                 branch: name.clone(),
                 theirs: theirs.version,
             });
@@ -314,7 +314,7 @@ impl Store {
     ///
     /// [`Error::InvalidArgument`] if the store has no repository (see
     /// [`save_as`](Store::save_as)); [`Error::Io`] from the backend (nothing in memory is
-    /// lost; the next save writes what is missing); [`Error::Conflict`] if a branch moved
+    /// lost; the next save writes what is missing); [`Error::BranchMoved`] if a branch moved
     /// in the repository since this store last saw it and this store's version does not
     /// descend from the repository's. Nothing is written for that branch; every other
     /// ref is saved, and HEAD unless it is attached to that branch; prune markers are
@@ -350,7 +350,7 @@ impl Store {
     /// repository it was bound to (then it moves or deletes it as [`save`](Store::save)
     /// would: a store saving again into a copy of its own repository). Refs that only
     /// the repository has are left as they are. Otherwise `save_as` returns
-    /// [`Error::Conflict`] naming the first such ref and the repository's version of it,
+    /// [`Error::BranchMoved`] naming the first such ref and the repository's version of it,
     /// before writing any ref or HEAD, and the store stays bound where it was (the
     /// objects it wrote are unreferenced, and gc removes them). To keep both
     /// histories, give this store's branch another name (or open the repository and
@@ -361,7 +361,7 @@ impl Store {
     ///
     /// # Errors
     ///
-    /// As for [`save`](Store::save) and [`open`](Store::open); [`Error::Conflict`] as
+    /// As for [`save`](Store::save) and [`open`](Store::open); [`Error::BranchMoved`] as
     /// above.
     pub fn save_as(&mut self, location: impl AsRef<Path>) -> Result<SaveStats> {
         let backend = open_path(location.as_ref())?;
@@ -392,7 +392,9 @@ impl Store {
         match saved.into_result() {
             // A conflict or a ref name too long found while writing the refs comes after
             // every other ref was saved: the store is bound to the new repository.
-            Err(e) if !matches!(e, Error::Conflict { .. } | Error::RefNameTooLong { .. }) => Err(e),
+            Err(e) if !matches!(e, Error::BranchMoved { .. } | Error::RefNameTooLong { .. }) => {
+                Err(e)
+            }
             r => {
                 self.evict(&bound);
                 self.repo = Some(bound);

@@ -427,7 +427,7 @@ fn compare_copy<T: Element>(
         for src in &chunks {
             let mut changed = false;
             for v in src.iter() {
-                let d = dst.next().ok_or_else(|| Error::Corrupt {
+                let d = dst.next().ok_or_else(|| Error::Internal {
                     reason: "tensor has more elements than its shape".into(),
                 })?;
                 if bytemuck::bytes_of(d) != bytemuck::bytes_of(v) {

@@ -137,8 +137,8 @@ pub(crate) fn to_py(e: Error) -> PyErr {
                 "UnsupportedFormat",
                 vec![("path", obj(py, path)), ("found", obj(py, found))],
             ),
-            Error::Conflict { branch, theirs } => (
-                "Conflict",
+            Error::BranchMoved { branch, theirs } => (
+                "BranchMoved",
                 vec![
                     ("branch", obj(py, branch)),
                     ("theirs", obj(py, theirs.map(|h| h.to_string()))),
@@ -158,6 +158,7 @@ pub(crate) fn to_py(e: Error) -> PyErr {
                 ],
             ),
             Error::Corrupt { reason } => ("Corrupt", vec![("reason", obj(py, reason))]),
+            Error::Internal { reason } => ("InternalError", vec![("reason", obj(py, reason))]),
             Error::CorruptObject { path, reason } => (
                 "CorruptObject",
                 vec![("path", obj(py, path)), ("reason", obj(py, reason))],

@@ -150,8 +150,8 @@ impl PyStore {
     /// disk on use). O(new chunks) written, GIL released.
     ///
     /// Raises `InvalidArgument` without a repository (use `save_as`), `StorageError`
-    /// (nothing in memory is lost), `Conflict` if a branch moved in the repository since
-    /// this store saw it (every other ref is saved; `Conflict.theirs` names the
+    /// (nothing in memory is lost), `BranchMoved` if a branch moved in the repository
+    /// since this store saw it (every other ref is saved; `BranchMoved.theirs` names the
     /// repository's version; `refresh`, merge, save again).
     fn save(&self, py: Python<'_>) -> PyResult<PySaveStats> {
         self.run(py, |i| i.store.save()).or_py().map(Into::into)
@@ -163,7 +163,7 @@ impl PyStore {
     /// Onto a repository with a history of its own, nothing of that history is lost: its
     /// refs that this store does not have stay as they are, and a ref this store has too
     /// must be a fast-forward of the repository's (unless this store saw exactly that
-    /// state of it), else `Conflict` (naming the ref and `Conflict.theirs`) is raised
+    /// state of it), else `BranchMoved` (naming the ref and `BranchMoved.theirs`) is raised
     /// before any ref is written and the store stays bound where it was. To keep both,
     /// save under another branch name.
     fn save_as(&self, py: Python<'_>, path: PathBuf) -> PyResult<PySaveStats> {

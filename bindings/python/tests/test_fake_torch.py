@@ -433,7 +433,7 @@ def test_a_second_run_saving_to_the_first_runs_path_keeps_the_first_run(tmp_path
     with tr2.trial() as t:
         train_step(model2, opt2, np.random.default_rng(2))
         t.keep("run 2")
-    with pytest.raises(th.Conflict) as e:
+    with pytest.raises(th.BranchMoved) as e:
         tr2.save(tmp_path)
     assert e.value.branch == "main"
     again = th.Store.open(tmp_path)

@@ -165,6 +165,18 @@ def test_content_address_is_the_same_in_a_child_process_and_resolves_by_prefix(t
     assert s.log()[0].metadata == {"pid": 1}
 
 
+def test_conflict_is_a_deprecated_alias_of_branch_moved():
+    with pytest.warns(DeprecationWarning, match="BranchMoved"):
+        alias = th.Conflict
+    assert alias is th.BranchMoved
+    with pytest.warns(DeprecationWarning):
+        from tensor_history import Conflict
+    assert Conflict is th.BranchMoved
+    assert "Conflict" not in th.__all__ and "BranchMoved" in th.__all__
+    with pytest.raises(AttributeError):
+        th.NoSuchError
+
+
 def test_two_stores_on_one_repository_conflict_then_refresh_and_merge(tmp_path):
     a = th.Store()
     a.insert("w", np.zeros(8, np.float32))
@@ -180,7 +192,7 @@ def test_two_stores_on_one_repository_conflict_then_refresh_and_merge(tmp_path):
     x = b.get("b"); x[7] = 2; b.write("b", x)
     vb = b.commit("b's change")
     head, versions = b.head(), b.versions()
-    with pytest.raises(th.Conflict) as e:
+    with pytest.raises(th.BranchMoved) as e:
         b.save()
     assert e.value.branch == "main"
     assert b.head() == head and b.versions() == versions and b.current_branch() == "main"
@@ -399,7 +411,7 @@ def test_save_as_onto_another_history_raises_conflict_and_loses_none_of_it(tmp_p
     b = th.Store()
     b.insert("w", np.ones(4, np.float32))
     b.commit("run 2")
-    with pytest.raises(th.Conflict) as e:
+    with pytest.raises(th.BranchMoved) as e:
         b.save_as(tmp_path)
     assert e.value.branch == "main" and e.value.theirs == a.version_hash(va)
     assert b.location is None  # still bound where it was: nowhere

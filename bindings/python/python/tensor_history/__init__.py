@@ -65,4 +65,6 @@ def __getattr__(name: str):
         import importlib
 
         return importlib.import_module("." + name, __name__)
+    if name in _errors._DEPRECATED:
+        return getattr(_errors, name)  # warns
     raise AttributeError(f"module 'tensor_history' has no attribute {name!r}")

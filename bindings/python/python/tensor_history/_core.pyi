@@ -190,10 +190,10 @@ class Store:
         """Where this store saves (``None`` before ``open`` or ``save_as``)."""
     # persistence
     def save(self) -> SaveStats:
-        """Write what the repository lacks, then move its refs (raises ``Conflict``)."""
+        """Write what the repository lacks, then move its refs (raises ``BranchMoved``)."""
     def save_as(self, path: str | os.PathLike[str]) -> SaveStats:
         """Bind to the repository at ``path`` and save there. Onto an existing history,
-        raises ``Conflict`` (writing no ref) when a ref this store has is not a
+        raises ``BranchMoved`` (writing no ref) when a ref this store has is not a
         fast-forward of the repository's; the repository's other refs stay."""
     def refresh(self) -> RefreshStats:
         """Take in what other processes saved since this store last looked."""

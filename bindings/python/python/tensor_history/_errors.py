@@ -134,7 +134,7 @@ class InvalidSafeTensors(TensorHistoryError, ValueError):
     """A file that is not valid safetensors (``path``, ``reason``)."""
 
 
-class Conflict(TensorHistoryError):
+class BranchMoved(TensorHistoryError):
     """A save found that a branch moved in the repository since this store last saw it
     (``branch``); nothing was written for that branch, every other ref was saved (and
     HEAD, unless attached to that branch). ``theirs`` is the content address (hex) of the
@@ -144,7 +144,7 @@ class Conflict(TensorHistoryError):
 
 
 class Corrupt(TensorHistoryError):
-    """Data or an invariant failed its check (``reason``)."""
+    """``verify()`` found damaged data or a broken invariant (``reason``)."""
 
 
 class CorruptObject(Corrupt):
@@ -175,3 +175,26 @@ class StoreClosed(TensorHistoryError, ValueError):
 
 class TrialError(TensorHistoryError, RuntimeError):
     """A PyTorch tracker call made at the wrong time (``reason``)."""
+
+
+class InternalError(TensorHistoryError, RuntimeError):
+    """A check that cannot fail did (``reason``): a bug in tensor_history, please report
+    it. Nothing was changed."""
+
+
+_DEPRECATED = {"Conflict": BranchMoved}
+
+
+def __getattr__(name: str):
+    # ``Conflict`` was the name of ``BranchMoved`` (too close to ``MergeConflict``).
+    if name in _DEPRECATED:
+        import warnings
+
+        new = _DEPRECATED[name]
+        warnings.warn(
+            f"tensor_history.{name} is deprecated; use tensor_history.{new.__name__}",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return new
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -527,7 +527,7 @@ class Tracker:
         """Write the committed versions to the store's repository (or, with `path`, bind
         the store to the repository there first): only chunks it lacks are written.
         Uncommitted changes of the model are not saved: ``commit()`` first. Raises
-        ``Conflict`` if another process moved the branch (see :meth:`Store.save`), or
+        ``BranchMoved`` if another process moved the branch (see :meth:`Store.save`), or
         if ``path`` holds another run's history on this store's branch (see
         :meth:`Store.save_as`: nothing there is overwritten; resume with
         ``track(..., path=path)``, or save under another branch)."""
