@@ -110,7 +110,12 @@ def default_memory_budget(model: Any) -> Optional[int]:
     times its state_dict's bytes (``None``, no budget, for a model without tensors)."""
     total = 0
     for v in model.state_dict().values():
-        n = getattr(v, "nbytes", None)
+        try:
+            n = getattr(v, "nbytes", None)
+        except RuntimeError:
+            # A layout without plain storage (sparse, say): the tracker refuses it with
+            # TrialError(reason="layout") when it first reads the state.
+            continue
         if n is None and hasattr(v, "numel") and hasattr(v, "element_size"):
             n = v.numel() * v.element_size()
         total += int(n or 0)
