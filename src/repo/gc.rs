@@ -255,126 +255,216 @@ fn read_indexes(backend: &dyn Backend, objects: &[ObjectInfo]) -> Result<Vec<(St
     Ok(out)
 }
 
+/// A chunk in a pack: its id and where the pack holds it.
+type PackChunk = (ContentHash, Span);
+
+/// The packs that the indexes name and that exist, and which of them serves each live
+/// chunk (the first one found).
+struct Packs {
+    chunks: HashMap<ContentHash, Vec<PackChunk>>,
+    serving: HashMap<ContentHash, ContentHash>,
+}
+
+impl Packs {
+    /// Whether `pack` serves no live chunk.
+    fn dead(&self, pack: &ContentHash) -> bool {
+        self.chunks
+            .get(pack)
+            .is_none_or(|cs| cs.iter().all(|c| self.serving.get(&c.0) != Some(pack)))
+    }
+}
+
+/// The objects of one listing, by key.
+type Listed<'a> = HashMap<&'a str, &'a ObjectInfo>;
+
+/// The gc protocol proper (see [`Store::gc_with`] and `docs/FORMAT.md`): list, mark,
+/// rewrite mostly-dead packs, record the unreferenced, delete what records of at least
+/// `grace` age still list, trim.
 fn gc_into(b: &mut RepoLink, options: &GcOptions, held: &[ContentHash]) -> Result<GcStats> {
     let backend = b.backend.clone();
     let backend = &*backend;
     let mut stats = GcStats::default();
+
+    // List and mark.
     let objects = backend.list("")?;
     let live = mark(backend, &objects, held)?;
     stats.versions_live = live.versions;
     stats.chunks_live = live.chunks.len();
     let indexes = read_indexes(backend, &objects)?;
-    let modified: HashMap<&str, &ObjectInfo> =
-        objects.iter().map(|o| (o.key.as_str(), o)).collect();
+    let listed: Listed<'_> = objects.iter().map(|o| (o.key.as_str(), o)).collect();
 
-    // Which pack serves each live chunk; packs by live bytes.
-    let mut serving: HashMap<ContentHash, ContentHash> = HashMap::new();
-    let mut pack_chunks: HashMap<ContentHash, Vec<(ContentHash, Span)>> = HashMap::new();
-    for (_, body) in &indexes {
+    // Rewrite mostly-dead packs: new pack and index first, then the old pack is garbage.
+    let mut packs = serving_packs(&indexes, &listed, &live);
+    let rewrite = plan_repack(&packs, options.repack_below);
+    if !options.dry_run && !rewrite.is_empty() {
+        repack(b, &rewrite, &mut packs)?;
+    }
+    stats.packs_rewritten = rewrite.len();
+
+    // Phase 1: record what is unreferenced now.
+    let (candidates, candidate_chunks) = unreferenced(&objects, &live, &packs);
+    let now = now_ns();
+    let mut records = read_records(backend, &objects, options.dry_run)?;
+    stats.candidates_recorded = record(
+        b,
+        options.dry_run,
+        now,
+        &candidates,
+        candidate_chunks,
+        &mut records,
+    )?;
+
+    // Phase 2: delete candidates of records old enough, still unreferenced, unchanged.
+    let grace = u64::try_from(options.grace.as_nanos()).unwrap_or(u64::MAX);
+    let (mut doomed, done_records) = due(&records, &candidates, &listed, now, grace);
+    let mut generation = None;
+    if !options.dry_run && !doomed.is_empty() {
+        generation = Some(announce(backend, now, &listed, &mut doomed)?);
+    }
+    let (old_indexes, replacement) = indexes_naming_doomed(&indexes, &doomed);
+    if options.dry_run {
+        let gone = old_indexes
+            .iter()
+            .map(String::as_str)
+            .chain(doomed.iter().copied());
+        for k in gone {
+            stats.objects_deleted += 1;
+            stats.bytes_deleted += listed.get(k).map_or(0, |o| o.size);
+        }
+        return Ok(stats);
+    }
+    delete(b, &listed, &old_indexes, &replacement, &doomed, &mut stats)?;
+    trim(b, &done_records, generation)?;
+    Ok(stats)
+}
+
+/// Which pack serves each live chunk; every listed pack's chunks.
+fn serving_packs(indexes: &[(String, IndexBody)], listed: &Listed<'_>, live: &Live) -> Packs {
+    let mut packs = Packs {
+        chunks: HashMap::new(),
+        serving: HashMap::new(),
+    };
+    for (_, body) in indexes {
         for p in &body.packs {
             let pack = ContentHash(p.pack);
-            if !modified.contains_key(pack_key(&pack).as_str()) {
+            if !listed.contains_key(pack_key(&pack).as_str()) {
                 continue;
             }
-            let list = pack_chunks.entry(pack).or_default();
+            let list = packs.chunks.entry(pack).or_default();
             for e in &p.chunks {
                 let id = ContentHash(e.id);
                 list.push((id, e.span));
                 if live.chunks.contains(&id) {
-                    serving.entry(id).or_insert(pack);
+                    packs.serving.entry(id).or_insert(pack);
                 }
             }
         }
     }
+    packs
+}
 
-    // Rewrite mostly-dead packs: new pack and index first, then the old pack is garbage.
+/// The packs whose live bytes are below `repack_below` of their chunk bytes, each with
+/// the live chunks it serves.
+fn plan_repack(packs: &Packs, repack_below: f64) -> Vec<(ContentHash, Vec<PackChunk>)> {
     let mut rewrite = Vec::new();
-    for (pack, chunks) in &pack_chunks {
+    for (pack, chunks) in &packs.chunks {
         let total: u64 = chunks.iter().map(|c| c.1.stored_len()).sum();
-        let served: Vec<&(ContentHash, Span)> = chunks
+        let served: Vec<&PackChunk> = chunks
             .iter()
-            .filter(|c| serving.get(&c.0) == Some(pack))
+            .filter(|c| packs.serving.get(&c.0) == Some(pack))
             .collect();
         let live_bytes: u64 = served.iter().map(|c| c.1.stored_len()).sum();
-        if live_bytes > 0 && (live_bytes as f64) < options.repack_below * total as f64 {
+        if live_bytes > 0 && (live_bytes as f64) < repack_below * total as f64 {
             rewrite.push((*pack, served.into_iter().copied().collect::<Vec<_>>()));
         }
     }
-    if options.dry_run {
-        stats.packs_rewritten = rewrite.len();
-    } else if !rewrite.is_empty() {
-        let mut index = IndexBody::default();
-        let mut moved = Vec::new();
-        for (pack, chunks) in &rewrite {
-            let mut data = Vec::with_capacity(chunks.len());
-            for (id, span) in chunks {
-                let loc = Loc {
-                    pack: *pack,
-                    span: *span,
-                };
-                data.push((*id, read_chunk(backend, id, &loc)?));
-            }
-            let raw: Vec<(ContentHash, &[u8])> = data.iter().map(|(h, d)| (*h, &d[..])).collect();
-            let WrittenPack {
-                id: new_pack,
-                entries,
-                ..
-            } = write_pack(backend, &raw)?;
-            for e in &entries {
-                moved.push((
-                    ContentHash(e.id),
-                    Loc {
-                        pack: new_pack,
-                        span: e.span,
-                    },
-                ));
-            }
-            // The new pack serves its chunks: it is no candidate for deletion, even if
-            // a crashed earlier run left a pack of the same id (and so the same
-            // content) that the listing above saw unindexed.
-            pack_chunks.insert(
-                new_pack,
-                entries
-                    .iter()
-                    .map(|e| (ContentHash(e.id), e.span))
-                    .collect(),
-            );
-            index.packs.push(IndexPack {
-                pack: new_pack.0,
-                chunks: entries,
-            });
-            stats.packs_rewritten += 1;
-        }
-        // The new packs are durable before an index names them.
-        backend.barrier()?;
-        let (bytes, id) = b.chunks.encode_index(&mut index);
-        backend.put(&index_key(&id), &bytes)?;
-        backend.barrier()?;
-        b.chunks.note_index(Some(id));
-        let mut idx = b.chunks.index.write().unwrap_or_else(|p| p.into_inner());
-        for (h, loc) in moved {
-            serving.insert(h, loc.pack);
-            idx.insert(h, loc);
-        }
-    }
+    rewrite
+}
 
-    // Phase 1: record what is unreferenced now.
-    let dead_pack = |pack: &ContentHash| {
-        pack_chunks
-            .get(pack)
-            .is_none_or(|cs| cs.iter().all(|c| serving.get(&c.0) != Some(pack)))
-    };
+/// Write each pack of `rewrite` again with only its live chunks, barrier, one index of
+/// the new packs, barrier; the new packs then serve those chunks (in `packs` and in the
+/// store's index).
+fn repack(
+    b: &mut RepoLink,
+    rewrite: &[(ContentHash, Vec<PackChunk>)],
+    packs: &mut Packs,
+) -> Result<()> {
+    let backend = b.backend.clone();
+    let backend = &*backend;
+    let mut index = IndexBody::default();
+    let mut moved = Vec::new();
+    for (pack, chunks) in rewrite {
+        let mut data = Vec::with_capacity(chunks.len());
+        for (id, span) in chunks {
+            let loc = Loc {
+                pack: *pack,
+                span: *span,
+            };
+            data.push((*id, read_chunk(backend, id, &loc)?));
+        }
+        let raw: Vec<(ContentHash, &[u8])> = data.iter().map(|(h, d)| (*h, &d[..])).collect();
+        let WrittenPack {
+            id: new_pack,
+            entries,
+            ..
+        } = write_pack(backend, &raw)?;
+        for e in &entries {
+            moved.push((
+                ContentHash(e.id),
+                Loc {
+                    pack: new_pack,
+                    span: e.span,
+                },
+            ));
+        }
+        // The new pack serves its chunks: it is no candidate for deletion, even if a
+        // crashed earlier run left a pack of the same id (and so the same content) that
+        // the listing saw unindexed.
+        packs.chunks.insert(
+            new_pack,
+            entries
+                .iter()
+                .map(|e| (ContentHash(e.id), e.span))
+                .collect(),
+        );
+        index.packs.push(IndexPack {
+            pack: new_pack.0,
+            chunks: entries,
+        });
+    }
+    // The new packs are durable before an index names them.
+    backend.barrier()?;
+    let (bytes, id) = b.chunks.encode_index(&mut index);
+    backend.put(&index_key(&id), &bytes)?;
+    backend.barrier()?;
+    b.chunks.note_index(Some(id));
+    let mut idx = b.chunks.index.write().unwrap_or_else(|p| p.into_inner());
+    for (h, loc) in moved {
+        packs.serving.insert(h, loc.pack);
+        idx.insert(h, loc);
+    }
+    Ok(())
+}
+
+/// The unreferenced objects of the listing (packs serving no live chunk, manifests,
+/// versions and markers not reached, ref log entries older than the latest), and the
+/// chunks of those packs.
+fn unreferenced(
+    objects: &[ObjectInfo],
+    live: &Live,
+    packs: &Packs,
+) -> (HashSet<String>, Vec<[u8; 32]>) {
     let latest_ref = refs::latest_keys(objects.iter().map(|o| o.key.as_str()));
     let mut candidates: HashSet<String> = HashSet::new();
     let mut candidate_chunks = Vec::new();
-    for o in &objects {
+    for o in objects {
         let k = o.key.as_str();
         let dead = if k.starts_with(PACKS_PREFIX) {
             id_of_key(k, "thpack").is_some_and(|p| {
-                let d = dead_pack(&p);
+                let d = packs.dead(&p);
                 if d {
                     candidate_chunks
-                        .extend(pack_chunks.get(&p).into_iter().flatten().map(|c| c.0 .0));
+                        .extend(packs.chunks.get(&p).into_iter().flatten().map(|c| c.0 .0));
                 }
                 d
             })
@@ -393,7 +483,16 @@ fn gc_into(b: &mut RepoLink, options: &GcOptions, held: &[ContentHash]) -> Resul
             candidates.insert(o.key.clone());
         }
     }
-    let now = now_ns();
+    (candidates, candidate_chunks)
+}
+
+/// Every readable gc record of the listing. A record torn by a crash is deleted (it
+/// only ever delays deletions), except in a dry run.
+fn read_records(
+    backend: &dyn Backend,
+    objects: &[ObjectInfo],
+    dry_run: bool,
+) -> Result<Vec<(String, GcBody)>> {
     let mut records: Vec<(String, GcBody)> = Vec::new();
     for o in objects.iter().filter(|o| o.key.starts_with(GC_PREFIX)) {
         let Some(id) = id_of_key(&o.key, "thgc") else {
@@ -404,13 +503,25 @@ fn gc_into(b: &mut RepoLink, options: &GcOptions, held: &[ContentHash]) -> Resul
             .and_then(|bytes| parse_gc(&o.key, &bytes, Some(&id)))
         {
             Ok(body) => records.push((o.key.clone(), body)),
-            // A record torn by a crash: delete it (it only ever delays deletions).
-            Err(Error::CorruptObject { .. }) if options.dry_run => {}
+            Err(Error::CorruptObject { .. }) if dry_run => {}
             Err(Error::CorruptObject { .. }) => backend.delete(&o.key)?,
             Err(e) if is_not_found(&e) => {}
             Err(e) => return Err(e),
         }
     }
+    Ok(records)
+}
+
+/// Write a gc record of the candidates no record lists yet (barrier), and add it to
+/// `records`; a dry run only adds it, as if recorded now. Returns how many it records.
+fn record(
+    b: &mut RepoLink,
+    dry_run: bool,
+    now: u64,
+    candidates: &HashSet<String>,
+    candidate_chunks: Vec<[u8; 32]>,
+    records: &mut Vec<(String, GcBody)>,
+) -> Result<usize> {
     let recorded: HashSet<&String> = records.iter().flat_map(|(_, r)| r.keys.iter()).collect();
     let mut fresh: Vec<String> = candidates
         .iter()
@@ -418,35 +529,45 @@ fn gc_into(b: &mut RepoLink, options: &GcOptions, held: &[ContentHash]) -> Resul
         .cloned()
         .collect();
     fresh.sort();
-    if options.dry_run && !fresh.is_empty() {
-        // What this run would record, as if recorded now.
-        stats.candidates_recorded = fresh.len();
+    if fresh.is_empty() {
+        return Ok(0);
+    }
+    let n = fresh.len();
+    if dry_run {
         let body = GcBody {
             time_ns: now,
             keys: fresh,
             chunks: Vec::new(),
         };
         records.push((String::new(), body));
-    } else if !fresh.is_empty() {
-        let body = GcBody {
-            time_ns: now,
-            keys: fresh,
-            chunks: candidate_chunks,
-        };
-        let (bytes, id) = encode(Kind::Gc, &body);
-        backend.put(&gc_key(&id), &bytes)?;
-        backend.barrier()?;
-        stats.candidates_recorded = body.keys.len();
-        b.gc_candidates
-            .extend(body.chunks.iter().map(|h| ContentHash(*h)));
-        records.push((gc_key(&id), body));
+        return Ok(n);
     }
+    let body = GcBody {
+        time_ns: now,
+        keys: fresh,
+        chunks: candidate_chunks,
+    };
+    let (bytes, id) = encode(Kind::Gc, &body);
+    b.backend.put(&gc_key(&id), &bytes)?;
+    b.backend.barrier()?;
+    b.gc_candidates
+        .extend(body.chunks.iter().map(|h| ContentHash(*h)));
+    records.push((gc_key(&id), body));
+    Ok(n)
+}
 
-    // Phase 2: delete candidates of records old enough, still unreferenced, unchanged.
-    let grace = u64::try_from(options.grace.as_nanos()).unwrap_or(u64::MAX);
+/// The objects due for deletion: those of records at least `grace` old that are still
+/// candidates and were not written again since the record; and those records' keys.
+fn due<'r>(
+    records: &'r [(String, GcBody)],
+    candidates: &HashSet<String>,
+    listed: &Listed<'_>,
+    now: u64,
+    grace: u64,
+) -> (Vec<&'r str>, Vec<String>) {
     let mut doomed: Vec<&str> = Vec::new();
     let mut done_records = Vec::new();
-    for (key, rec) in &records {
+    for (key, rec) in records {
         if now.saturating_sub(rec.time_ns) < grace {
             continue;
         }
@@ -454,46 +575,60 @@ fn gc_into(b: &mut RepoLink, options: &GcOptions, held: &[ContentHash]) -> Resul
         // with the record's own, both from the backend's clock (on S3 the server's), so
         // the gc host's clock is not trusted for it. Strictly older: S3 times have
         // one-second resolution, and an object of the record's second may be newer.
-        let rec_modified = modified.get(key.as_str()).and_then(|o| o.modified);
+        let rec_modified = listed.get(key.as_str()).and_then(|o| o.modified);
         let unchanged = |o: &ObjectInfo| match (o.modified, rec_modified) {
             (Some(m), Some(r)) => m < r,
             _ => ns_of(o.modified) <= rec.time_ns,
         };
         for k in &rec.keys {
             let still =
-                candidates.contains(k) && modified.get(k.as_str()).is_some_and(|o| unchanged(o));
+                candidates.contains(k) && listed.get(k.as_str()).is_some_and(|o| unchanged(o));
             if still {
                 doomed.push(k);
             }
         }
         done_records.push(key.clone());
     }
-    // Announce the deletions before making any: a store that saves or refreshes from now
-    // on reads its listings again and forgets what is gone, and a save running now
-    // checks again before it writes a ref. Then look again: an object written again
-    // since the listing above (by a save that found it in a record) stays.
-    let mut generation = None;
-    if !options.dry_run && !doomed.is_empty() {
-        generation = Some(start_generation(backend, now)?);
-        let again: HashMap<String, ObjectInfo> = backend
-            .list("")?
-            .into_iter()
-            .map(|o| (o.key.clone(), o))
-            .collect();
-        doomed.retain(|k| match (modified.get(k), again.get(*k)) {
-            (Some(before), Some(now)) => before.modified == now.modified && before.size == now.size,
-            _ => false,
-        });
-    }
+    (doomed, done_records)
+}
+
+/// Announce the deletions before making any: a store that saves or refreshes from now
+/// on reads its listings again and forgets what is gone, and a save running now checks
+/// again before it writes a ref. Then look again: an object written again since the
+/// first listing (by a save that found it in a record) stays. Returns the generation.
+fn announce(
+    backend: &dyn Backend,
+    now: u64,
+    listed: &Listed<'_>,
+    doomed: &mut Vec<&str>,
+) -> Result<u64> {
+    let generation = start_generation(backend, now)?;
+    let again: HashMap<String, ObjectInfo> = backend
+        .list("")?
+        .into_iter()
+        .map(|o| (o.key.clone(), o))
+        .collect();
+    doomed.retain(|k| match (listed.get(k), again.get(*k)) {
+        (Some(before), Some(now)) => before.modified == now.modified && before.size == now.size,
+        _ => false,
+    });
+    Ok(generation)
+}
+
+/// The indexes that name a pack about to go, and the index that replaces them (it
+/// supersedes them and lists their other packs).
+fn indexes_naming_doomed(
+    indexes: &[(String, IndexBody)],
+    doomed: &[&str],
+) -> (Vec<String>, IndexBody) {
     let doomed_packs: HashSet<ContentHash> = doomed
         .iter()
         .filter(|k| k.starts_with(PACKS_PREFIX))
         .filter_map(|k| id_of_key(k, "thpack"))
         .collect();
-    // Indexes that name a pack about to go are replaced first.
     let mut old_indexes = Vec::new();
     let mut replacement = IndexBody::default();
-    for (key, body) in &indexes {
+    for (key, body) in indexes {
         if body
             .packs
             .iter()
@@ -511,32 +646,36 @@ fn gc_into(b: &mut RepoLink, options: &GcOptions, held: &[ContentHash]) -> Resul
             );
         }
     }
-    if options.dry_run {
-        let gone = old_indexes
-            .iter()
-            .map(String::as_str)
-            .chain(doomed.iter().copied());
-        for k in gone {
-            stats.objects_deleted += 1;
-            stats.bytes_deleted += modified.get(k).map_or(0, |o| o.size);
-        }
-        return Ok(stats);
-    }
+    (old_indexes, replacement)
+}
+
+/// Delete: the replacement index first (then the indexes it supersedes), then the
+/// doomed objects, keeping the store's own bookkeeping in step; barrier.
+fn delete(
+    b: &mut RepoLink,
+    listed: &Listed<'_>,
+    old_indexes: &[String],
+    replacement: &IndexBody,
+    doomed: &[&str],
+    stats: &mut GcStats,
+) -> Result<()> {
+    let backend = b.backend.clone();
+    let backend = &*backend;
     if !old_indexes.is_empty() {
-        let (bytes, id) = encode(Kind::Index, &replacement);
+        let (bytes, id) = encode(Kind::Index, replacement);
         backend.put(&index_key(&id), &bytes)?;
         backend.barrier()?;
         b.chunks.note_index(Some(id));
-        for k in &old_indexes {
+        for k in old_indexes {
             backend.delete(k)?;
             stats.objects_deleted += 1;
-            stats.bytes_deleted += modified.get(k.as_str()).map_or(0, |o| o.size);
+            stats.bytes_deleted += listed.get(k.as_str()).map_or(0, |o| o.size);
         }
     }
     for k in doomed {
         backend.delete(k)?;
         stats.objects_deleted += 1;
-        stats.bytes_deleted += modified.get(k).map_or(0, |o| o.size);
+        stats.bytes_deleted += listed.get(k).map_or(0, |o| o.size);
         if let Some(p) = id_of_key(k, "thpack") {
             let mut idx = b.chunks.index.write().unwrap_or_else(|p| p.into_inner());
             idx.retain(|_, loc| loc.pack != p);
@@ -551,14 +690,19 @@ fn gc_into(b: &mut RepoLink, options: &GcOptions, held: &[ContentHash]) -> Resul
             b.manifests.remove(&m);
         }
     }
-    backend.barrier()?;
+    backend.barrier()
+}
+
+/// After the deletions: remove the records they finished (barrier), then the generation
+/// entries below this run's, and catch up with what the repository holds now.
+fn trim(b: &mut RepoLink, done_records: &[String], generation: Option<u64>) -> Result<()> {
+    let backend = b.backend.clone();
     for k in done_records {
-        backend.delete(&k)?;
+        backend.delete(k)?;
     }
     backend.barrier()?;
     if let Some(g) = generation {
-        trim_generations(backend, g)?;
+        trim_generations(&*backend, g)?;
     }
-    b.catch_up()?;
-    Ok(stats)
+    b.catch_up()
 }
