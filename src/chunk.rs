@@ -66,8 +66,9 @@ impl Chunk {
     ///
     /// [`Error::Io`](crate::Error::Io) or
     /// [`Error::CorruptObject`](crate::Error::CorruptObject) if the chunk is stored in a
-    /// repository and cannot be read (its pack was removed or damaged). A later call
-    /// tries again.
+    /// repository and cannot be read (its pack was removed or damaged);
+    /// [`Error::RepositoryReplaced`](crate::Error::RepositoryReplaced) if that repository
+    /// was deleted. A later call tries again.
     pub fn bytes(&self) -> Result<&[u8]> {
         self.load()?;
         Ok(self.0.bytes())
@@ -84,7 +85,8 @@ impl Chunk {
     /// # Errors
     ///
     /// [`Error::Io`](crate::Error::Io) or
-    /// [`Error::CorruptObject`](crate::Error::CorruptObject) from the repository.
+    /// [`Error::CorruptObject`](crate::Error::CorruptObject) from the repository;
+    /// [`Error::RepositoryReplaced`](crate::Error::RepositoryReplaced) if it was deleted.
     pub fn load(&self) -> Result<()> {
         match &self.0.stored {
             Some(s) if s.bytes.get().is_none() => {

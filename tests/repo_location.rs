@@ -42,6 +42,56 @@ fn save_after_repo_deleted_is_an_error() {
     );
 }
 
+/// A store whose saved versions left memory for the repository (the chunks only the
+/// working state does not hold), then the repository deleted.
+fn evicted_then_deleted(path: &std::path::Path) -> (Store, tensor_history::VersionId) {
+    let mut s = Store::with_config(Config {
+        chunk_bytes: 16,
+        ..Config::default()
+    })
+    .unwrap();
+    s.insert("w", &ndarray::Array1::from_iter((0..64).map(|i| i as f32)))
+        .unwrap();
+    let v0 = s.commit("first").unwrap();
+    s.save_as(path).unwrap();
+    s.write(
+        "w",
+        &ndarray::Array1::from_iter((0..64).map(|i| -(i as f32))),
+    )
+    .unwrap();
+    s.commit("second").unwrap();
+    s.save().unwrap();
+    fs::remove_dir_all(path).unwrap();
+    (s, v0)
+}
+
+#[test]
+fn verify_after_repo_deleted_names_the_deleted_repository() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("r");
+    let (s, _) = evicted_then_deleted(&path);
+    let err = s.verify().unwrap_err();
+    assert!(
+        matches!(&err, Error::RepositoryReplaced { reason, .. } if reason.contains("gone")),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn reading_a_version_held_only_by_a_deleted_repo_names_the_deleted_repository() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("r");
+    let (s, v0) = evicted_then_deleted(&path);
+    let err = s.snapshot(v0).unwrap().get::<f32>("w").unwrap_err();
+    assert!(
+        matches!(&err, Error::RepositoryReplaced { location, reason }
+            if reason.contains("gone") && location.contains(path.to_str().unwrap())),
+        "{err:?}"
+    );
+    // The working state never left memory.
+    assert_eq!(s.get::<f32>("w").unwrap()[3], -3.0);
+}
+
 #[test]
 fn save_into_a_repository_created_again_at_the_location_is_an_error() {
     let dir = tempfile::tempdir().unwrap();

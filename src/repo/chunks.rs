@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use super::backend::{is_not_found, Backend, Bytes};
 use super::format::{
-    corrupt, encode, id_of_key, pack_key, parse_index, IndexBody, Kind, INDEX_PREFIX,
+    corrupt, encode, id_of_key, pack_key, parse_index, IndexBody, Kind, CONFIG_KEY, INDEX_PREFIX,
 };
 use super::pack::{self, Loc};
 use crate::chunk::{Chunk, ChunkSource, WeakChunk};
@@ -142,8 +142,23 @@ impl RepoChunks {
         self.locate(id).is_some()
     }
 
-    /// The error for a chunk that no index lists.
+    /// The error for a chunk that no index lists: [`Error::RepositoryReplaced`] if the
+    /// repository itself is gone (deleted since the store connected: its history there
+    /// cannot be read any more, and no object of it is to blame), else
+    /// [`Error::CorruptObject`] naming what is missing.
     pub(crate) fn missing(&self, id: &ContentHash, wanted_by: &str) -> Error {
+        match self.backend.get(CONFIG_KEY) {
+            Err(e) if is_not_found(&e) => {
+                return Error::RepositoryReplaced {
+                    location: self.backend.location(),
+                    reason: format!(
+                        "is gone (no config.json): it was deleted since this store connected \
+                         to it, and chunk {id} of `{wanted_by}` was held only there"
+                    ),
+                }
+            }
+            _ => {}
+        }
         let bad = self.bad_indexes.lock().unwrap_or_else(|p| p.into_inner());
         match bad.first() {
             Some(path) => corrupt(
