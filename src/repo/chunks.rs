@@ -6,9 +6,8 @@ use std::fmt;
 use std::sync::{Arc, Mutex, RwLock};
 
 use super::backend::{is_not_found, Backend, Bytes};
-use super::format::{
-    corrupt, encode, id_of_key, pack_key, parse_index, IndexBody, Kind, CONFIG_KEY, INDEX_PREFIX,
-};
+use super::format::{corrupt, encode, pack_key, IndexBody, Kind, CONFIG_KEY, INDEX_PREFIX};
+use super::index::{read_index_files, IndexFile, IndexFiles};
 use super::pack::{self, Loc};
 use crate::chunk::{Chunk, ChunkSource, WeakChunk};
 use crate::error::{Error, Result};
@@ -227,32 +226,17 @@ impl RepoChunks {
                 .unwrap_or_else(|p| p.into_inner())
                 .clone()
         };
-        let mut fresh = Vec::new();
-        let mut superseded: HashSet<ContentHash> = HashSet::new();
-        let mut bad = Vec::new();
-        for o in self.backend.list(INDEX_PREFIX)? {
-            let Some(id) = id_of_key(&o.key, "thidx") else {
-                continue;
-            };
-            if known.contains(&id) {
-                continue;
-            }
-            let bytes = match self.backend.get(&o.key) {
-                Ok(b) => b,
-                Err(e) if is_not_found(&e) => continue,
-                Err(e) => return Err(e),
-            };
-            match parse_index(&o.key, &bytes, Some(&id)) {
-                Ok(body) => {
-                    superseded.extend(body.supersedes.iter().map(|h| ContentHash(*h)));
-                    fresh.push((id, body));
-                }
-                // Left by an interrupted save (never referenced) or damaged: chunks that
-                // only it lists are reported as missing when needed.
-                Err(Error::CorruptObject { path, .. }) => bad.push(path),
-                Err(e) => return Err(e),
-            }
-        }
+        let keys: Vec<String> = self
+            .backend
+            .list(INDEX_PREFIX)?
+            .into_iter()
+            .map(|o| o.key)
+            .collect();
+        let IndexFiles {
+            read: fresh,
+            damaged: bad,
+            superseded,
+        } = read_index_files(&*self.backend, keys.iter().map(String::as_str), &known)?;
         if !all && superseded.iter().any(|h| known.contains(h)) {
             // gc replaced an index this store read (its packs may be gone): start over.
             self.read_indexes(true)?;
@@ -269,7 +253,7 @@ impl RepoChunks {
             indexes.clear();
         }
         *self.bad_indexes.lock().unwrap_or_else(|p| p.into_inner()) = bad;
-        for (id, body) in fresh {
+        for IndexFile { id, body, .. } in fresh {
             indexes.insert(id);
             if superseded.contains(&id) {
                 continue;

@@ -8,12 +8,13 @@ use serde::{Deserialize, Serialize};
 
 use super::backend::{is_not_found, Backend, ObjectInfo};
 use super::format::{
-    corrupt, encode, gc_key, id_of_key, index_key, manifest_key, pack_key, parse_gc, parse_index,
-    parse_json, parse_manifest, parse_ref_key, parse_version, pruned_key, version_key, EntryKind,
-    GcBody, HeadJson, IndexBody, IndexPack, Kind, PrunedJson, GC_PREFIX, HEAD_KEY, INDEX_PREFIX,
+    corrupt, encode, gc_key, id_of_key, index_key, manifest_key, pack_key, parse_gc, parse_json,
+    parse_manifest, parse_ref_key, parse_version, pruned_key, version_key, EntryKind, GcBody,
+    HeadJson, IndexBody, IndexPack, Kind, PrunedJson, GC_PREFIX, HEAD_KEY, INDEX_PREFIX,
     MANIFESTS_PREFIX, PACKS_PREFIX, PRUNED_PREFIX, REFS_PREFIX, VERSIONS_PREFIX,
 };
 use super::generation::{start_generation, trim_generations};
+use super::index::read_index_files;
 use super::pack::{read_chunk, write_pack, Loc, Span, WrittenPack};
 use super::refs;
 use super::RepoLink;
@@ -234,25 +235,15 @@ impl Store {
 
 /// Every non-superseded index file with its body.
 fn read_indexes(backend: &dyn Backend, objects: &[ObjectInfo]) -> Result<Vec<(String, IndexBody)>> {
-    let mut out = Vec::new();
-    let mut superseded = HashSet::new();
-    for o in objects.iter().filter(|o| o.key.starts_with(INDEX_PREFIX)) {
-        let Some(id) = id_of_key(&o.key, "thidx") else {
-            continue;
-        };
-        let bytes = match backend.get(&o.key) {
-            Ok(b) => b,
-            Err(e) if is_not_found(&e) => continue,
-            Err(e) => return Err(e),
-        };
-        // A damaged index is left alone (its packs are then kept too).
-        if let Ok(body) = parse_index(&o.key, &bytes, Some(&id)) {
-            superseded.extend(body.supersedes.iter().map(|h| index_key(&ContentHash(*h))));
-            out.push((o.key.clone(), body));
-        }
-    }
-    out.retain(|(k, _)| !superseded.contains(k));
-    Ok(out)
+    // A damaged index is left alone (its packs are then kept too).
+    let keys = objects
+        .iter()
+        .map(|o| o.key.as_str())
+        .filter(|k| k.starts_with(INDEX_PREFIX));
+    Ok(read_index_files(backend, keys, &HashSet::new())?
+        .current()
+        .map(|f| (f.key, f.body))
+        .collect())
 }
 
 /// A chunk in a pack: its id and where the pack holds it.

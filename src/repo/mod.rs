@@ -15,6 +15,8 @@
 //! | `chunks.rs` | [`RepoChunks`]: the chunk index and the loader of stored chunks |
 //! | `pack.rs` | the pack layout: writing, footers, ranged chunk reads, the hash check; the seam of a chunk codec |
 //! | `refs.rs` | the one reader of ref logs |
+//! | `index.rs` | the one reader of index files |
+//! | `object.rs` | any object parsed from its key (fuzzing, tools) |
 //! | `format/` | the envelope, the wire reader, object bodies, keys, JSON files |
 //! | `open.rs`, `save.rs`, `gc.rs`, `generation.rs` | the protocols: open and refresh, save, gc, gc generations |
 //! | `backend/` | the storage trait and its implementations |
@@ -26,7 +28,9 @@ mod chunks;
 mod format;
 mod gc;
 mod generation;
+mod index;
 mod link;
+mod object;
 mod open;
 mod pack;
 mod refs;
@@ -34,8 +38,8 @@ mod save;
 
 pub use backend::open_location;
 pub(crate) use chunks::RepoChunks;
-pub use format::parse_object;
 pub use gc::{GcOptions, GcStats, DEFAULT_GC_GRACE};
 pub(crate) use link::RepoLink;
+pub use object::parse_object;
 pub use open::RefreshStats;
 pub use save::SaveStats;
