@@ -43,11 +43,12 @@ start_azurite() {
         fi
     fi
     port="$(free_port)"
+    # The trap is in place before the emulator starts, so no exit path leaves it running.
+    trap 'stop_object_stores; stop_s3_server' EXIT
     "$AZURITE_DIR/node_modules/.bin/azurite-blob" --inMemoryPersistence \
         --blobHost 127.0.0.1 --blobPort "$port" --skipApiVersionCheck --silent \
         >target/azurite.log 2>&1 &
     AZURITE_PID=$!
-    trap 'stop_object_stores; stop_s3_server' EXIT
     if ! wait_http "$port" "$AZURITE_PID"; then
         cat target/azurite.log >&2
         OBJECT_STORE_SKIP_REASON="Azurite did not start"

@@ -27,6 +27,8 @@ start_s3_server() {
     [ -x "$S3_VENV/bin/python" ] || python3 -m venv "$S3_VENV"
     port="$(free_port)"
     mkdir -p target
+    # The trap is in place before the server starts, so no exit path leaves it running.
+    trap stop_s3_server EXIT
     case "$server" in
         moto)
             "$S3_VENV/bin/pip" install -q 'moto[server]==5.2.1'
@@ -44,7 +46,6 @@ start_s3_server() {
             ;;
     esac
     S3_SERVER_PID=$!
-    trap stop_s3_server EXIT
     # Wait (bounded) until the server answers HTTP at all.
     local i
     for i in $(seq 1 120); do
