@@ -315,8 +315,19 @@ impl Store {
 
     /// In every live version held in memory, replace each chunk `f` gives a replacement
     /// for. O(chunks).
-    fn replace_chunks(&mut self, mut f: impl FnMut(&Chunk) -> Option<Chunk>) {
+    fn replace_chunks(&mut self, f: impl FnMut(&Chunk) -> Option<Chunk>) {
         let ids: Vec<VersionId> = self.hist.live().map(|(id, _)| id).collect();
+        self.replace_chunks_in(ids, f);
+    }
+
+    /// In each of versions `ids` that is held in memory, replace each chunk `f` gives a
+    /// replacement for (a version not read from a repository yet holds nothing).
+    /// O(chunks).
+    pub(crate) fn replace_chunks_in(
+        &mut self,
+        ids: Vec<VersionId>,
+        mut f: impl FnMut(&Chunk) -> Option<Chunk>,
+    ) {
         for id in ids {
             let Ok(node) = self.hist.node_mut(id) else {
                 continue;

@@ -463,47 +463,17 @@ impl Store {
             .collect();
         let ids: Vec<VersionId> = b.saved.keys().copied().collect();
         let mut replaced: HashMap<usize, Chunk> = HashMap::new();
-        for id in ids {
-            let Ok(node) = self.hist.node_mut(id) else {
-                continue;
-            };
-            // A version not read from the repository yet holds nothing to evict.
-            let Some(held) = node.vars.loaded() else {
-                continue;
-            };
-            let mut updates = Vec::new();
-            for (name, t) in held.iter() {
-                let evictable = |c: &Chunk| {
-                    !c.is_stored()
-                        && !working.contains(&c.addr())
-                        && c.cached_hash().is_some_and(|h| b.chunks.contains(&h))
-                };
-                if !t.chunks().any(evictable) {
-                    continue;
-                }
-                let chunks = t
-                    .chunks()
-                    .map(|c| {
-                        if !evictable(c) {
-                            return c.clone();
-                        }
-                        replaced
-                            .entry(c.addr())
-                            .or_insert_with(|| b.stored_chunk(c.hash(), c.len_bytes()))
-                            .clone()
-                    })
-                    .collect();
-                updates.push((name.clone(), t.with_chunks(chunks)));
-            }
-            if updates.is_empty() {
-                continue;
-            }
-            let mut vars = held.clone();
-            for (name, t) in updates {
-                vars.insert(name, t);
-            }
-            node.vars.set(vars);
-        }
+        self.replace_chunks_in(ids, |c| {
+            let evictable = !c.is_stored()
+                && !working.contains(&c.addr())
+                && c.cached_hash().is_some_and(|h| b.chunks.contains(&h));
+            evictable.then(|| {
+                replaced
+                    .entry(c.addr())
+                    .or_insert_with(|| b.stored_chunk(c.hash(), c.len_bytes()))
+                    .clone()
+            })
+        });
     }
 }
 
