@@ -3,7 +3,7 @@
 use std::ops::Range;
 
 use crate::element::DType;
-use crate::hash::ContentHash;
+use crate::hash::{ContentHash, ParseHashError};
 use crate::text::escape;
 use crate::version::{ParseVersionIdError, RefKind, VersionId};
 
@@ -376,5 +376,11 @@ impl From<ParseVersionIdError> for Error {
         Error::InvalidArgument {
             reason: e.to_string(),
         }
+    }
+}
+
+impl From<ParseHashError> for Error {
+    fn from(e: ParseHashError) -> Error {
+        Error::InvalidHash { text: e.text }
     }
 }

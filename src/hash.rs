@@ -5,8 +5,6 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use crate::error::Error;
-
 /// A 32-byte BLAKE3 hash of content: of a chunk's bytes, or a Merkle root over a tensor or
 /// a whole version.
 ///
@@ -51,11 +49,20 @@ impl fmt::Debug for ContentHash {
     }
 }
 
-impl FromStr for ContentHash {
-    type Err = Error;
+/// Text that is not 64 hex digits, parsed as a [`ContentHash`]. Converts into
+/// [`Error::InvalidHash`](crate::Error::InvalidHash) with the same text.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("not a 64-digit hex content hash: `{}`", crate::text::escape(.text))]
+pub struct ParseHashError {
+    /// The text that was given.
+    pub text: String,
+}
 
-    fn from_str(s: &str) -> Result<Self, Error> {
-        let bad = || Error::InvalidHash { text: s.to_owned() };
+impl FromStr for ContentHash {
+    type Err = ParseHashError;
+
+    fn from_str(s: &str) -> Result<Self, ParseHashError> {
+        let bad = || ParseHashError { text: s.to_owned() };
         let bytes = s.as_bytes();
         if bytes.len() != 64 {
             return Err(bad());

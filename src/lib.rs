@@ -146,7 +146,7 @@ pub use config::{
 pub use diff::{Diff, TensorDiff, VarDiff};
 pub use element::{DType, Element};
 pub use error::{Conflict, Error, Result};
-pub use hash::ContentHash;
+pub use hash::{ContentHash, ParseHashError};
 pub use history::{Ref, MAX_REF_NAME_BYTES};
 pub use merge::MergeStrategy;
 pub use meta::{Meta, Value};

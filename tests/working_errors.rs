@@ -528,7 +528,7 @@ fn invalid_hash_text_is_refused_by_from_str() {
         "-".repeat(64),
     ];
     for text in bad {
-        let err = text.parse::<ContentHash>().unwrap_err();
+        let err: Error = text.parse::<ContentHash>().unwrap_err().into();
         assert!(
             matches!(err, Error::InvalidHash { text: ref t } if *t == text),
             "{text:?}: {err:?}"
