@@ -20,8 +20,9 @@
 //! default 11), `--serial-baseline` (the baseline on one thread; by default it runs on
 //! as many threads as the store: rayon over the 64 tensors), `--repo-only` (only the
 //! rows that save to a repository, against safetensors files), `--dense-only` (only the
-//! rows of dense histories: `memory_dense_100v`, `restore_encoded`), `--dir PATH`
-//! (where the repository rows write; default the system's temporary directory).
+//! rows of dense histories: `memory_dense_100v`, `restore_encoded`, `disk_dense_10v`,
+//! `save_dense_vs_safetensors`), `--dir PATH` (where the repository rows write; default
+//! the system's temporary directory).
 
 use std::collections::BTreeMap;
 use std::hint::black_box;
@@ -180,6 +181,25 @@ fn bump(xs: &mut [f32]) {
     xs.iter_mut().for_each(|x| *x += 1.0);
 }
 
+/// Step `step` of the dense history: at 0, pseudo-random weights (those of a trained
+/// layer look random, not like the sweep model's ramp); after, every element changed by
+/// up to a relative 1e-4 (an optimizer step's magnitude, a different factor per element
+/// and step).
+fn dense_step(store: &mut Store, dense: &Model, step: usize) -> Res<()> {
+    for (t, name) in dense.names.iter().enumerate() {
+        store.update::<f32>(name, |off, xs| {
+            for (k, x) in xs.iter_mut().enumerate() {
+                if step == 0 {
+                    *x = noise(t, off + k, 0) * 0.05;
+                } else {
+                    *x -= 1e-4 * *x * noise(t, off + k, step);
+                }
+            }
+        })?;
+    }
+    Ok(())
+}
+
 /// A pseudo-random value in [-1, 1) for element `i` of tensor `t` at `step` (splitmix64).
 fn noise(t: usize, i: usize, step: usize) -> f32 {
     let mut z = (t as u64) << 48 ^ (step as u64) << 32 ^ i as u64;
@@ -203,6 +223,7 @@ fn dense_rows(
     opts: &Opts,
     cfg: &dyn Fn(Option<usize>) -> Config,
     reps: usize,
+    root: &std::path::Path,
     report: &mut Report,
 ) -> Res<()> {
     let dense = Model::new((opts.size_mib / 4).clamp(1, 64));
@@ -211,24 +232,11 @@ fn dense_rows(
         memory_budget: Some(3 * dsize),
         ..cfg(None)
     })?;
-    // Weights of a trained layer look random, not like the sweep model's ramp.
-    for (t, name) in dense.names.iter().enumerate() {
-        store.update::<f32>(name, |off, xs| {
-            for (k, x) in xs.iter_mut().enumerate() {
-                *x = noise(t, off + k, 0) * 0.05;
-            }
-        })?;
-    }
+    dense_step(&mut store, &dense, 0)?;
     store.commit("v0")?;
     let mut ids = Vec::new();
     for step in 1..=100 {
-        for (t, name) in dense.names.iter().enumerate() {
-            store.update::<f32>(name, |off, xs| {
-                for (k, x) in xs.iter_mut().enumerate() {
-                    *x -= 1e-4 * *x * noise(t, off + k, step);
-                }
-            })?;
-        }
+        dense_step(&mut store, &dense, step)?;
         ids.push(store.commit(&format!("v{step}"))?);
     }
     store.enforce_memory_budget();
@@ -271,7 +279,8 @@ fn dense_rows(
     };
     let m = interleave(reps, &mut [&mut base, &mut st])?;
     report.add("restore_encoded", "ms", m[0], m[1]);
-    Ok(())
+    drop(store);
+    repo_bench::dense(&dense, cfg, reps, root, report)
 }
 
 fn copy_all(src: &[Vec<f32>], dst: &mut [Vec<f32>]) {
@@ -376,7 +385,8 @@ fn main() -> Res<()> {
         .dir
         .join(format!("tensor-history-bench-{}", std::process::id()));
     if opts.dense_only {
-        dense_rows(&opts, &cfg, reps, &mut report)?;
+        dense_rows(&opts, &cfg, reps, &repo_root.join("dense"), &mut report)?;
+        let _ = std::fs::remove_dir_all(&repo_root);
         report.print();
         eprintln!("total {:.1} s", start.elapsed().as_secs_f64());
         return Ok(());
@@ -550,7 +560,7 @@ fn main() -> Res<()> {
         );
     }
 
-    dense_rows(&opts, &cfg, reps, &mut report)?;
+    dense_rows(&opts, &cfg, reps, &repo_root.join("dense"), &mut report)?;
 
     // ---- trial_sparse_*: change a share of chunks, commit, restore the previous ------
     // The store keeps at most two versions (a trial loop's steady state: the rejected
