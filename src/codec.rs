@@ -624,7 +624,9 @@ pub fn decode(
 /// stores, so the chain costs one zstd decompression and one XOR pass per link, one
 /// interleaving pass and one hash (decoding the links one by one, each checked, would
 /// interleave and hash every link). Only the chunk's own bytes are checked: a damaged
-/// or wrong link anywhere makes them miss `id`. O(raw length · links).
+/// or wrong link anywhere makes them miss `id`. O(raw length · links); each thread
+/// keeps two plane buffers as long as the largest chunk it decoded (up to 16 MiB each)
+/// for its next decode.
 ///
 /// # Errors
 ///
