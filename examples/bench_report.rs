@@ -19,8 +19,10 @@
 //! Options: `--quick`, `--size-mib N`, `--chunk-bytes N`, `--reps N` (runs per side,
 //! default 11), `--serial-baseline` (the baseline on one thread; by default it runs on
 //! as many threads as the store: rayon over the 64 tensors), `--repo-only` (only the
-//! rows that save to a repository, against safetensors files), `--dir PATH` (where
-//! those rows write; default the system's temporary directory).
+//! rows that save to a repository, against safetensors files), `--dense-only` (only the
+//! rows of dense histories: `memory_dense_100v`, `restore_encoded`, `disk_dense_10v`,
+//! `save_dense_vs_safetensors`), `--dir PATH` (where the repository rows write; default
+//! the system's temporary directory).
 
 use std::collections::BTreeMap;
 use std::hint::black_box;
@@ -64,6 +66,7 @@ struct Opts {
     reps: usize,
     serial_baseline: bool,
     repo_only: bool,
+    dense_only: bool,
     dir: PathBuf,
 }
 
@@ -74,6 +77,7 @@ fn parse_args() -> Res<Opts> {
         reps: 11,
         serial_baseline: false,
         repo_only: false,
+        dense_only: false,
         dir: std::env::temp_dir(),
     };
     let mut args = std::env::args().skip(1);
@@ -89,6 +93,7 @@ fn parse_args() -> Res<Opts> {
             "--reps" => o.reps = num("--reps")?.max(1),
             "--serial-baseline" => o.serial_baseline = true,
             "--repo-only" => o.repo_only = true,
+            "--dense-only" => o.dense_only = true,
             "--dir" => o.dir = args.next().ok_or("--dir needs a value")?.into(),
             "--bench" => {} // passed by `cargo bench --examples`; ignore
             other => return Err(format!("unknown argument `{other}`").into()),
@@ -176,6 +181,25 @@ fn bump(xs: &mut [f32]) {
     xs.iter_mut().for_each(|x| *x += 1.0);
 }
 
+/// Step `step` of the dense history: at 0, pseudo-random weights (those of a trained
+/// layer look random, not like the sweep model's ramp); after, every element changed by
+/// up to a relative 1e-4 (an optimizer step's magnitude, a different factor per element
+/// and step).
+fn dense_step(store: &mut Store, dense: &Model, step: usize) -> Res<()> {
+    for (t, name) in dense.names.iter().enumerate() {
+        store.update::<f32>(name, |off, xs| {
+            for (k, x) in xs.iter_mut().enumerate() {
+                if step == 0 {
+                    *x = noise(t, off + k, 0) * 0.05;
+                } else {
+                    *x -= 1e-4 * *x * noise(t, off + k, step);
+                }
+            }
+        })?;
+    }
+    Ok(())
+}
+
 /// A pseudo-random value in [-1, 1) for element `i` of tensor `t` at `step` (splitmix64).
 fn noise(t: usize, i: usize, step: usize) -> f32 {
     let mut z = (t as u64) << 48 ^ (step as u64) << 32 ^ i as u64;
@@ -184,6 +208,79 @@ fn noise(t: usize, i: usize, step: usize) -> f32 {
     z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
     z ^= z >> 31;
     (z >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+}
+
+// ---- memory_dense_100v and restore_encoded: 100 dense steps under a budget --------
+// A model of at most 64 MiB (a quarter of --size-mib), pseudo-random weights, every
+// element changed by up to a relative 1e-4 per step (an optimizer step's magnitude,
+// a different factor per element and step),
+// each step committed with a memory budget of 3 model sizes. Deep copies hold 101
+// models; the store, after the background passes and a final
+// enforce_memory_budget, holds `held_bytes`. Then restore + read of an encoded
+// version (the 50th, inside a delta chain) against HEAD (raw), decoded afresh each
+// run.
+fn dense_rows(
+    opts: &Opts,
+    cfg: &dyn Fn(Option<usize>) -> Config,
+    reps: usize,
+    root: &std::path::Path,
+    report: &mut Report,
+) -> Res<()> {
+    let dense = Model::new((opts.size_mib / 4).clamp(1, 64));
+    let dsize = dense.bytes();
+    let mut store = dense.store(Config {
+        memory_budget: Some(3 * dsize),
+        ..cfg(None)
+    })?;
+    dense_step(&mut store, &dense, 0)?;
+    store.commit("v0")?;
+    let mut ids = Vec::new();
+    for step in 1..=100 {
+        dense_step(&mut store, &dense, step)?;
+        ids.push(store.commit(&format!("v{step}"))?);
+    }
+    store.enforce_memory_budget();
+    let stats = store.stats();
+    eprintln!(
+        "  memory_dense_100v: model {dsize} bytes, {} versions, held {} bytes ({} encoded raw bytes in {})",
+        stats.versions, stats.held_bytes, stats.encoded_bytes, stats.encoded_held_bytes
+    );
+    report.add(
+        "memory_dense_100v",
+        "bytes",
+        (101 * dsize) as f64,
+        stats.held_bytes as f64,
+    );
+    let (head, old) = (ids[99], ids[49]);
+    let dnames = &dense.names;
+    let store = std::cell::RefCell::new(store);
+    let read = |s: &Store| -> Res<()> {
+        for n in dnames {
+            black_box(s.get::<f32>(n)?);
+        }
+        Ok(())
+    };
+    let mut base = || {
+        let mut s = store.borrow_mut();
+        timed(|| {
+            s.restore(head)?;
+            read(&s)
+        })
+    };
+    let mut st = || {
+        let mut s = store.borrow_mut();
+        // Back to HEAD, and drop the decoded bytes the last run kept.
+        s.restore(head)?;
+        s.enforce_memory_budget();
+        timed(|| {
+            s.restore(old)?;
+            read(&s)
+        })
+    };
+    let m = interleave(reps, &mut [&mut base, &mut st])?;
+    report.add("restore_encoded", "ms", m[0], m[1]);
+    drop(store);
+    repo_bench::dense(&dense, cfg, reps, root, report)
 }
 
 fn copy_all(src: &[Vec<f32>], dst: &mut [Vec<f32>]) {
@@ -287,6 +384,13 @@ fn main() -> Res<()> {
     let repo_root = opts
         .dir
         .join(format!("tensor-history-bench-{}", std::process::id()));
+    if opts.dense_only {
+        dense_rows(&opts, &cfg, reps, &repo_root.join("dense"), &mut report)?;
+        let _ = std::fs::remove_dir_all(&repo_root);
+        report.print();
+        eprintln!("total {:.1} s", start.elapsed().as_secs_f64());
+        return Ok(());
+    }
     if opts.repo_only {
         repo_bench::run(&model, &cfg, reps, &repo_root, &mut report)?;
         let _ = std::fs::remove_dir_all(&repo_root);
@@ -456,83 +560,7 @@ fn main() -> Res<()> {
         );
     }
 
-    // ---- memory_dense_100v and restore_encoded: 100 dense steps under a budget --------
-    // A model of at most 64 MiB (a quarter of --size-mib), pseudo-random weights, every
-    // element changed by up to a relative 1e-4 per step (an optimizer step's magnitude,
-    // a different factor per element and step),
-    // each step committed with a memory budget of 3 model sizes. Deep copies hold 101
-    // models; the store, after the background passes and a final
-    // enforce_memory_budget, holds `held_bytes`. Then restore + read of an encoded
-    // version (the 50th, inside a delta chain) against HEAD (raw), decoded afresh each
-    // run.
-    {
-        let dense = Model::new((opts.size_mib / 4).clamp(1, 64));
-        let dsize = dense.bytes();
-        let mut store = dense.store(Config {
-            memory_budget: Some(3 * dsize),
-            ..cfg(None)
-        })?;
-        // Weights of a trained layer look random, not like the sweep model's ramp.
-        for (t, name) in dense.names.iter().enumerate() {
-            store.update::<f32>(name, |off, xs| {
-                for (k, x) in xs.iter_mut().enumerate() {
-                    *x = noise(t, off + k, 0) * 0.05;
-                }
-            })?;
-        }
-        store.commit("v0")?;
-        let mut ids = Vec::new();
-        for step in 1..=100 {
-            for (t, name) in dense.names.iter().enumerate() {
-                store.update::<f32>(name, |off, xs| {
-                    for (k, x) in xs.iter_mut().enumerate() {
-                        *x -= 1e-4 * *x * noise(t, off + k, step);
-                    }
-                })?;
-            }
-            ids.push(store.commit(&format!("v{step}"))?);
-        }
-        store.enforce_memory_budget();
-        let stats = store.stats();
-        eprintln!(
-            "  memory_dense_100v: model {dsize} bytes, {} versions, held {} bytes ({} encoded raw bytes in {})",
-            stats.versions, stats.held_bytes, stats.encoded_bytes, stats.encoded_held_bytes
-        );
-        report.add(
-            "memory_dense_100v",
-            "bytes",
-            (101 * dsize) as f64,
-            stats.held_bytes as f64,
-        );
-        let (head, old) = (ids[99], ids[49]);
-        let dnames = &dense.names;
-        let store = std::cell::RefCell::new(store);
-        let read = |s: &Store| -> Res<()> {
-            for n in dnames {
-                black_box(s.get::<f32>(n)?);
-            }
-            Ok(())
-        };
-        let mut base = || {
-            let mut s = store.borrow_mut();
-            timed(|| {
-                s.restore(head)?;
-                read(&s)
-            })
-        };
-        let mut st = || {
-            let mut s = store.borrow_mut();
-            // Back to HEAD, and drop the decoded bytes the last run kept.
-            s.restore(head)?;
-            s.enforce_memory_budget();
-            timed(|| {
-                s.restore(old)?;
-                read(&s)
-            })
-        };
-        let m = interleave(reps, &mut [&mut base, &mut st])?;
-        report.add("restore_encoded", "ms", m[0], m[1]);
-    }
+    dense_rows(&opts, &cfg, reps, &repo_root.join("dense"), &mut report)?;
 
     // ---- trial_sparse_*: change a share of chunks, commit, restore the previous ------
     // The store keeps at most two versions (a trial loop's steady state: the rejected

@@ -4,17 +4,20 @@
 //! An encoded chunk is a [`Chunk`] whose source is an [`EncodedChunk`]: its encoded form
 //! and, for a delta, the encoded form of its base (the same variable's chunk at the same
 //! index in the parent version), held by `Arc`. Reading it decodes the chain (at most
-//! [`MAX_DELTA_CHAIN`] deltas on a full chunk) and checks the bytes against the chunk's
-//! id; the decoded bytes are kept by that handle until the next encoding pass drops them.
-//! A base stays alive while a delta needs it, also after the version that held it was
-//! pruned.
+//! [`MAX_DELTA_CHAIN`] deltas on a full chunk) in one pass ([`codec::decode_chain`]:
+//! one decompression per link, one hash check of the chunk's own bytes); the decoded
+//! bytes are kept by that handle until the next encoding pass drops them. While some
+//! handle keeps a chunk's decoded bytes, a delta on it starts from them instead of
+//! decoding the chain below (reading versions one after another decodes each link
+//! once). A base stays alive while a delta needs it, also after the version that held
+//! it was pruned.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use rayon::prelude::*;
 
-use crate::buffer::Bytes;
+use crate::buffer::{Bytes, WeakBytes};
 use crate::chunk::{Chunk, ChunkSource};
 use crate::codec::{self, Method};
 use crate::error::{Error, Result};
@@ -36,25 +39,58 @@ pub(crate) struct EncodedChunk {
     bytes: Box<[u8]>,
     base: Option<Base>,
     depth: usize,
+    /// The decoded bytes, while a chunk handle keeps them (checked against the id when
+    /// decoded): deltas on this chunk start from them.
+    decoded: Mutex<Option<WeakBytes>>,
 }
 
 #[derive(Debug)]
 struct Base {
-    id: ContentHash,
-    len: usize,
     src: Arc<EncodedChunk>,
 }
 
 impl EncodedChunk {
-    /// Decode (the chain first), checking the bytes against `id`. O(len · depth).
+    fn new(bytes: Box<[u8]>, base: Option<Base>) -> EncodedChunk {
+        let depth = base.as_ref().map_or(0, |b| b.src.depth + 1);
+        EncodedChunk {
+            bytes,
+            base,
+            depth,
+            decoded: Mutex::new(None),
+        }
+    }
+
+    /// The decoded bytes some handle still keeps.
+    fn cached(&self) -> Option<Bytes> {
+        self.decoded.lock().ok()?.as_ref()?.upgrade()
+    }
+
+    /// Decode the chain down to a full chunk, or to the first base whose decoded bytes
+    /// a handle still keeps, in one pass, checking the bytes against `id` once.
+    /// O(len · links decoded).
     fn decode(&self, id: &ContentHash, len: usize) -> Result<Bytes> {
-        let base = match &self.base {
-            Some(b) => Some(b.src.decode(&b.id, b.len)?),
-            None => None,
-        };
-        codec::decode(&self.bytes, id, len, base.as_deref()).map_err(|e| Error::Corrupt {
-            reason: format!("encoded chunk {id} in memory: {e}"),
-        })
+        if let Some(b) = self.cached() {
+            return Ok(b);
+        }
+        let mut links: Vec<&[u8]> = vec![&self.bytes];
+        let mut at = self.base.as_ref();
+        let mut kept = None;
+        while let Some(b) = at {
+            if let Some(d) = b.src.cached() {
+                kept = Some(d);
+                break;
+            }
+            links.push(&b.src.bytes);
+            at = b.src.base.as_ref();
+        }
+        let bytes =
+            codec::decode_chain(&links, kept.as_deref(), id, len).map_err(|e| Error::Corrupt {
+                reason: format!("encoded chunk {id} in memory: {e}"),
+            })?;
+        if let Ok(mut g) = self.decoded.lock() {
+            *g = Some(bytes.downgrade());
+        }
+        Ok(bytes)
     }
 }
 
@@ -168,24 +204,12 @@ fn encode_item(it: &Item, done: &Done) -> Option<(usize, Chunk, Chunk)> {
     let (bytes, base) = match e.method() {
         Method::Raw => return None,
         Method::XorPlanes => {
-            let (id, b, src) = base.expect("a delta has a base");
-            (
-                e.into_bytes(),
-                Some(Base {
-                    id,
-                    len: b.len(),
-                    src,
-                }),
-            )
+            let (_, _, src) = base.expect("a delta has a base");
+            (e.into_bytes(), Some(Base { src }))
         }
         _ => (e.into_bytes(), None),
     };
-    let depth = base.as_ref().map_or(0, |b| b.src.depth + 1);
-    let enc = Arc::new(EncodedChunk {
-        bytes: bytes.into_boxed_slice(),
-        base,
-        depth,
-    });
+    let enc = Arc::new(EncodedChunk::new(bytes.into_boxed_slice(), base));
     let chunk = Chunk::stored(it.raw.hash(), it.raw.len_bytes(), enc);
     Some((it.raw.addr(), it.raw.clone(), chunk))
 }
@@ -540,5 +564,60 @@ mod tests {
             .chain([None])
             .collect();
         assert_eq!(d, want);
+    }
+
+    #[test]
+    fn a_delta_starts_from_its_base_while_a_handle_keeps_the_base_decoded() {
+        let mut s = Store::with_config(Config {
+            memory_budget: Some(0),
+            ..Config::default()
+        })
+        .unwrap();
+        s.insert(
+            "w",
+            &Array1::from_shape_fn(4096, |i| (i as f32 * 0.1).sin()),
+        )
+        .unwrap();
+        s.commit("0").unwrap();
+        let mut copies = vec![s.get::<f32>("w").unwrap()];
+        for step in 1..6 {
+            s.update_map::<f32>("w", |x| x * (1.0 + 1e-6)).unwrap();
+            s.commit(&step.to_string()).unwrap();
+            copies.push(s.get::<f32>("w").unwrap());
+        }
+        s.enforce_memory_budget();
+        let chunks: Vec<Chunk> = s
+            .hist
+            .live()
+            .map(|(_, n)| {
+                n.vars.loaded().unwrap()["w"]
+                    .chunks()
+                    .next()
+                    .unwrap()
+                    .clone()
+            })
+            .collect();
+        let (c2, c3) = (&chunks[2], &chunks[3]);
+        let (e2, e3) = (encoded_of(c2).unwrap(), encoded_of(c3).unwrap());
+        assert_eq!((e2.depth, e3.depth), (2, 3));
+        assert!(e2.cached().is_none());
+        // Reading version 2 keeps its bytes in the handle: version 3 starts from them.
+        c2.load().unwrap();
+        assert!(e2
+            .cached()
+            .is_some_and(|b| b.as_ptr() == c2.data().as_ptr()));
+        let b3 = e3.decode(&c3.hash(), c3.len_bytes()).unwrap();
+        let want: Vec<u8> = copies[3].iter().flat_map(|x| x.to_le_bytes()).collect();
+        assert_eq!(&*b3, &want[..]);
+        drop(b3);
+        assert!(e3.cached().is_none(), "only the caller held those bytes");
+        // Once no handle keeps version 2's bytes (the next pass drops them), the chain is
+        // decoded from its full chunk again.
+        let id3 = c3.hash();
+        drop(chunks);
+        s.enforce_memory_budget();
+        assert!(e2.cached().is_none());
+        let b3 = e3.decode(&id3, 4096 * 4).unwrap();
+        assert_eq!(&*b3, &want[..]);
     }
 }

@@ -39,6 +39,42 @@ impl Bytes {
     }
 }
 
+impl Bytes {
+    /// A handle that does not keep the bytes alive: [`WeakBytes::upgrade`] gives them
+    /// back while another [`Bytes`] holds them. O(1).
+    pub(crate) fn downgrade(&self) -> WeakBytes {
+        WeakBytes {
+            owner: Arc::downgrade(&self.owner),
+            range: self.range.clone(),
+        }
+    }
+}
+
+/// Bytes that some [`Bytes`] may still hold (see [`Bytes::downgrade`]).
+#[derive(Clone)]
+pub(crate) struct WeakBytes {
+    owner: std::sync::Weak<dyn AsRef<[u8]> + Send + Sync>,
+    range: Range<usize>,
+}
+
+impl WeakBytes {
+    /// The bytes, if a [`Bytes`] still holds them. O(1).
+    pub(crate) fn upgrade(&self) -> Option<Bytes> {
+        Some(Bytes {
+            owner: self.owner.upgrade()?,
+            range: self.range.clone(),
+        })
+    }
+}
+
+impl fmt::Debug for WeakBytes {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WeakBytes")
+            .field("len", &self.range.len())
+            .finish()
+    }
+}
+
 impl From<Vec<u8>> for Bytes {
     fn from(v: Vec<u8>) -> Bytes {
         Bytes::new(Arc::new(v))

@@ -467,8 +467,9 @@ fn compress_into(src: &[u8], out: &mut Vec<u8>) -> Option<()> {
     })
 }
 
-/// Decompress one zstd frame of exactly `len` bytes.
-fn decompress(payload: &[u8], len: usize) -> Result<Vec<u8>, CodecError> {
+/// Decompress one zstd frame of exactly `len` bytes into `out` (its old contents
+/// dropped, its buffer reused: a warm buffer costs no page faults).
+fn decompress_into(payload: &[u8], len: usize, out: &mut Vec<u8>) -> Result<(), CodecError> {
     let bad = |reason: String| CodecError::BadPayload { reason };
     DECOMPRESSOR.with(|d| {
         let mut d = d.borrow_mut();
@@ -484,15 +485,33 @@ fn decompress(payload: &[u8], len: usize) -> Result<Vec<u8>, CodecError> {
             _ => return Err(bad("not a zstd frame that records its size".into())),
         }
         // At most `len` bytes: zstd stops with an error when the frame holds more.
-        let mut out = Vec::with_capacity(len);
+        out.clear();
+        out.reserve_exact(len);
         let n = dec
-            .decompress_to_buffer(payload, &mut out)
+            .decompress_to_buffer(payload, out)
             .map_err(|e| bad(e.to_string()))?;
         if n != len {
             return Err(bad(format!("{n} bytes decompressed, {len} stated")));
         }
-        Ok(out)
+        Ok(())
     })
+}
+
+thread_local! {
+    /// Plane buffers of [`decode_links`], kept warm between chunks (taken out while in
+    /// use, so a nested decode allocates its own).
+    static CHAIN_BUFS: RefCell<[Vec<u8>; 2]> = const { RefCell::new([Vec::new(), Vec::new()]) };
+}
+
+/// Run `f` with the thread's two plane buffers (fresh ones if they are in use), and
+/// keep them for the next call unless they grew past 16 MiB.
+fn with_chain_bufs<R>(f: impl FnOnce(&mut Vec<u8>, &mut Vec<u8>) -> R) -> R {
+    let [mut a, mut b] = CHAIN_BUFS.with(|c| std::mem::take(&mut *c.borrow_mut()));
+    let r = f(&mut a, &mut b);
+    if a.capacity() <= 16 << 20 && b.capacity() <= 16 << 20 {
+        CHAIN_BUFS.with(|c| *c.borrow_mut() = [a, b]);
+    }
+    r
 }
 
 /// Encode with a given method (no choice): `base` is required for
@@ -592,39 +611,40 @@ pub fn decode(
     max_raw: usize,
     base: Option<&[u8]>,
 ) -> Result<Bytes, CodecError> {
-    let header = Header::parse(encoded, max_raw)?;
-    let payload = &encoded[header.len()..];
-    let raw_len = header.raw_len;
-    let bytes = match header.method {
-        Method::Raw => {
-            if payload.len() != raw_len {
-                return Err(CodecError::Truncated {
-                    needed: header.len() + raw_len,
-                    found: encoded.len(),
-                });
-            }
-            AlignedBuf::bytes_of(payload)
-        }
-        Method::Planes | Method::XorPlanes => {
-            let base = match header.base {
-                Some(b) => {
-                    let bytes = base.ok_or(CodecError::MissingBase { base: b })?;
-                    if bytes.len() != raw_len {
-                        return Err(CodecError::BaseLength {
-                            expected: raw_len,
-                            found: bytes.len(),
-                        });
-                    }
-                    Some(bytes)
-                }
-                None => None,
-            };
-            let planes = decompress(payload, raw_len)?;
-            AlignedBuf::filled(raw_len, |dst| {
-                join_planes(&planes, base, header.width, dst);
-            })
-        }
-    };
+    decode_chain(&[encoded], base, id, max_raw)
+}
+
+/// Decode a delta chain in one pass and check the result against `id` once.
+/// `links[0]` is the chunk's encoded form, `links[i + 1]` the encoded form of the base
+/// `links[i]` names; the chain ends at a full chunk (raw or planes) or, when its last
+/// link is a delta, at `base` (the raw bytes of that delta's base, e.g. a decoded chunk
+/// already at hand). `max_raw` bounds every link's stated raw length.
+///
+/// XOR is linear: the byte planes of the chunk are the XOR of the planes every link
+/// stores, so the chain costs one zstd decompression and one XOR pass per link, one
+/// interleaving pass and one hash (decoding the links one by one, each checked, would
+/// interleave and hash every link). Only the chunk's own bytes are checked: a damaged
+/// or wrong link anywhere makes them miss `id`. O(raw length · links); each thread
+/// keeps two plane buffers as long as the largest chunk it decoded (up to 16 MiB each)
+/// for its next decode.
+///
+/// # Errors
+///
+/// As [`decode`]: a [`CodecError`] for a truncated, damaged or oversized link, a link of
+/// another raw length than the chunk ([`CodecError::BaseLength`]), a missing `base`, or
+/// bytes that do not hash to `id`.
+///
+/// # Panics
+///
+/// If `links` is empty (a programmer error).
+pub fn decode_chain(
+    links: &[&[u8]],
+    base: Option<&[u8]>,
+    id: &ContentHash,
+    max_raw: usize,
+) -> Result<Bytes, CodecError> {
+    assert!(!links.is_empty(), "a chain has at least one link");
+    let bytes = decode_links(links, base, max_raw)?;
     let found = ContentHash::of_bytes(&bytes);
     if found != *id {
         return Err(CodecError::HashMismatch {
@@ -633,6 +653,92 @@ pub fn decode(
         });
     }
     Ok(bytes)
+}
+
+/// `acc ^= other`, byte by byte (vectorized by the compiler).
+fn xor_into(acc: &mut [u8], other: &[u8]) {
+    acc.iter_mut().zip(other).for_each(|(a, b)| *a ^= b);
+}
+
+/// The raw bytes of the chain `links` (see [`decode_chain`]), not checked against any
+/// id.
+fn decode_links(links: &[&[u8]], base: Option<&[u8]>, max_raw: usize) -> Result<Bytes, CodecError> {
+    let encoded = links[0];
+    let header = Header::parse(encoded, max_raw)?;
+    let payload = &encoded[header.len()..];
+    let raw_len = header.raw_len;
+    match header.method {
+        Method::Raw => {
+            if payload.len() != raw_len {
+                return Err(CodecError::Truncated {
+                    needed: header.len() + raw_len,
+                    found: encoded.len(),
+                });
+            }
+            Ok(AlignedBuf::bytes_of(payload))
+        }
+        Method::Planes => with_chain_bufs(|planes, _| {
+            decompress_into(payload, raw_len, planes)?;
+            Ok(join_with(planes, None, header.width))
+        }),
+        Method::XorPlanes => {
+            let Some(mut named) = header.base else {
+                return Err(CodecError::BadHeader {
+                    reason: "a delta without a base id".into(),
+                });
+            };
+            fn checked_base(
+                b: Option<&[u8]>,
+                named: ContentHash,
+                raw_len: usize,
+            ) -> Result<&[u8], CodecError> {
+                match b {
+                    None => Err(CodecError::MissingBase { base: named }),
+                    Some(b) if b.len() != raw_len => Err(CodecError::BaseLength {
+                        expected: raw_len,
+                        found: b.len(),
+                    }),
+                    Some(b) => Ok(b),
+                }
+            }
+            if links.len() == 1 {
+                // Refuse a missing or wrong base before decompressing.
+                checked_base(base, named, raw_len)?;
+            }
+            with_chain_bufs(|acc, scratch| {
+                decompress_into(payload, raw_len, acc)?;
+                for (i, link) in links.iter().enumerate().skip(1) {
+                    let h = Header::parse(link, max_raw)?;
+                    if h.raw_len != raw_len {
+                        return Err(CodecError::BaseLength {
+                            expected: raw_len,
+                            found: h.raw_len,
+                        });
+                    }
+                    if h.width != header.width || h.method == Method::Raw {
+                        // Planes of another grouping (or none): decode the rest apart.
+                        let b = decode_links(&links[i..], base, max_raw)?;
+                        return Ok(join_with(acc, Some(&b), header.width));
+                    }
+                    decompress_into(&link[h.len()..], raw_len, scratch)?;
+                    xor_into(acc, scratch);
+                    if h.method == Method::Planes {
+                        return Ok(join_with(acc, None, header.width));
+                    }
+                    if let Some(n) = h.base {
+                        named = n;
+                    }
+                }
+                let b = checked_base(base, named, raw_len)?;
+                Ok(join_with(acc, Some(b), header.width))
+            })
+        }
+    }
+}
+
+/// The bytes whose planes (XOR-ed with `base`'s bytes, if given) are `planes`, aligned.
+fn join_with(planes: &[u8], base: Option<&[u8]>, width: usize) -> Bytes {
+    AlignedBuf::filled(planes.len(), |dst| join_planes(planes, base, width, dst))
 }
 
 /// One chunk to decode with [`decode_all`]: its encoded form, its id, and its base's raw

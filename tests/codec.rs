@@ -8,8 +8,8 @@ mod common;
 use common::CODEC_CHUNK_LENS;
 use proptest::prelude::*;
 use tensor_history::codec::{
-    decode, decode_all, encode, encode_all, encode_as, CodecError, DecodeJob, EncodeJob, Header,
-    Method, DELTA_HEADER_LEN, HEADER_LEN,
+    decode, decode_all, decode_chain, encode, encode_all, encode_as, CodecError, DecodeJob,
+    EncodeJob, Header, Method, DELTA_HEADER_LEN, HEADER_LEN,
 };
 use tensor_history::{ContentHash, DType};
 
@@ -358,6 +358,104 @@ fn bytes_that_do_not_hash_to_the_id_are_an_error() {
     for enc in &all {
         let r = decode(enc, &id(b"something else"), raw.len(), Some(&base));
         assert!(matches!(r, Err(CodecError::HashMismatch { .. })), "{r:?}");
+    }
+}
+
+// ---- chains ----
+
+/// Versions `v[0..n]` of one chunk, each a step from the one before, and their encoded
+/// forms: `links[0]` the newest (a delta on the one before), down to `v[0]` encoded with
+/// `first` (raw or planes); each link of width `widths[k]` (cycled).
+fn chain(n: usize, len: usize, first: Method, widths: &[usize]) -> (Vec<Vec<u8>>, Vec<Vec<u8>>) {
+    let mut v = vec![values(DType::F32, len, 41)];
+    for k in 1..n {
+        let next = stepped(&v[k - 1], 4, 100 + k as u64);
+        v.push(next);
+    }
+    let mut links: Vec<Vec<u8>> = (0..n)
+        .map(|k| {
+            let w = widths[k % widths.len()];
+            if k == 0 {
+                encode_as(first, &v[0], w, None).into_bytes()
+            } else {
+                let b = id(&v[k - 1]);
+                encode_as(Method::XorPlanes, &v[k], w, Some((&b, &v[k - 1]))).into_bytes()
+            }
+        })
+        .collect();
+    links.reverse();
+    (v, links)
+}
+
+#[test]
+fn a_chain_decodes_in_one_pass_to_every_version_bit_for_bit() {
+    for first in [Method::Raw, Method::Planes] {
+        // One width throughout (the one-pass path) and mixed widths (decoded apart).
+        for widths in [&[4usize][..], &[4, 2], &[1, 4, 8]] {
+            for len in [0usize, 3, 64, 1001, 4096] {
+                let n = 9;
+                let (v, links) = chain(n, len, first, widths);
+                let refs: Vec<&[u8]> = links.iter().map(|l| &l[..]).collect();
+                for k in 0..n {
+                    // Version k is links[n - 1 - k..].
+                    let from = n - 1 - k;
+                    let back = decode_chain(&refs[from..], None, &id(&v[k]), len)
+                        .unwrap_or_else(|e| panic!("{first} {widths:?} len {len} v{k}: {e}"));
+                    assert_eq!(&*back, &v[k][..], "{first} {widths:?} len {len} v{k}");
+                    assert_eq!(back.as_ptr() as usize % 8, 0);
+                    // Cut short at any link, with that link's base given raw.
+                    for stop in from + 1..n {
+                        let back = decode_chain(
+                            &refs[from..stop],
+                            Some(&v[n - 1 - stop]),
+                            &id(&v[k]),
+                            len,
+                        )
+                        .unwrap();
+                        assert_eq!(&*back, &v[k][..]);
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn a_chain_missing_its_end_names_the_base_it_needs() {
+    let (v, links) = chain(4, 512, Method::Planes, &[4]);
+    let refs: Vec<&[u8]> = links.iter().map(|l| &l[..]).collect();
+    let r = decode_chain(&refs[..2], None, &id(&v[3]), 512);
+    assert_eq!(r.unwrap_err(), CodecError::MissingBase { base: id(&v[1]) });
+    let r = decode_chain(&refs[..2], Some(&v[1][..100]), &id(&v[3]), 512);
+    assert!(matches!(r, Err(CodecError::BaseLength { .. })), "{r:?}");
+}
+
+#[test]
+fn a_chain_link_of_another_length_is_an_error() {
+    let (v, links) = chain(3, 512, Method::Planes, &[4]);
+    let other = encode_as(Method::Planes, &values(DType::F32, 256, 3), 4, None).into_bytes();
+    let r = decode_chain(&[&links[0], &other], None, &id(&v[2]), 512);
+    assert_eq!(
+        r.unwrap_err(),
+        CodecError::BaseLength {
+            expected: 512,
+            found: 256
+        }
+    );
+}
+
+#[test]
+fn a_damaged_link_anywhere_in_a_chain_is_an_error_never_other_bytes() {
+    let (v, links) = chain(4, 1024, Method::Planes, &[4]);
+    for (l, link) in links.iter().enumerate() {
+        for i in (0..link.len()).step_by(7) {
+            let mut bad = links.clone();
+            bad[l][i] ^= 0x10;
+            let refs: Vec<&[u8]> = bad.iter().map(|x| &x[..]).collect();
+            if let Ok(b) = decode_chain(&refs, None, &id(&v[3]), 1024) {
+                assert_eq!(&*b, &v[3][..], "flip at {i} of link {l} gave other bytes");
+            }
+        }
     }
 }
 

@@ -16,15 +16,17 @@ use safetensors::SafeTensors;
 use tensor_history::{Config, Store};
 
 use super::timing::{timed, Res};
-use super::{interleave, pick_chunks, Model, Report, TENSORS};
+use super::{dense_step, interleave, pick_chunks, Model, Report, TENSORS};
 
 /// The repository rows, in the order the report prints them.
-pub const SCENARIOS: [&str; 5] = [
+pub const SCENARIOS: [&str; 7] = [
     "save_first_vs_safetensors",
     "save_1pct_vs_safetensors",
     "open_restore_read_vs_load",
     "disk_100v_1pct",
     "heap_8v_dense",
+    "disk_dense_10v",
+    "save_dense_vs_safetensors",
 ];
 
 /// One tensor of the model as the safetensors writer sees it.
@@ -279,5 +281,61 @@ pub fn run(
         drop(store);
         std::fs::remove_dir_all(&dir)?;
     }
+    Ok(())
+}
+
+/// The dense rows on disk, in `root` (removed at the end): `dense` is the model of
+/// `memory_dense_100v` (pseudo-random weights), each checkpoint one dense step of it
+/// (every element changed by up to a relative 1e-4, as [`dense_step`] does).
+///
+/// - `disk_dense_10v`: 10 checkpoints (the first and 9 steps) saved one by one into a
+///   repository: their raw bytes / the repository's bytes on disk.
+/// - `save_dense_vs_safetensors`: then one more dense step, committed (not timed), and
+///   its save, against one safetensors file of the model with fsync.
+pub fn dense(
+    dense: &Model,
+    cfg: &dyn Fn(Option<usize>) -> Config,
+    reps: usize,
+    root: &Path,
+    report: &mut Report,
+) -> Res<()> {
+    std::fs::create_dir_all(root)?;
+    let dir = root.join("repo_dense_10v");
+    let st_path = root.join("dense.safetensors");
+    let dsize = dense.bytes();
+    let mut store = dense.store(cfg(None))?;
+    dense_step(&mut store, dense, 0)?;
+    store.commit("checkpoint 0")?;
+    store.save_as(&dir)?;
+    for step in 1..10 {
+        dense_step(&mut store, dense, step)?;
+        store.commit(&format!("checkpoint {step}"))?;
+        store.save()?;
+    }
+    let repo_bytes = disk_bytes(&dir)?;
+    eprintln!(
+        "  disk_dense_10v: 10 checkpoints of {dsize} bytes in {} files, {repo_bytes} bytes",
+        files_under(&dir)?
+    );
+    report.add(
+        "disk_dense_10v",
+        "bytes",
+        (10 * dsize) as f64,
+        repo_bytes as f64,
+    );
+    let mut step = 10;
+    {
+        let mut base = || timed(|| safetensors_save(dense, &st_path));
+        let mut st = || {
+            dense_step(&mut store, dense, step)?;
+            store.commit(&format!("checkpoint {step}"))?;
+            step += 1;
+            timed(|| Ok(store.save()?))
+        };
+        let m = interleave(reps, &mut [&mut base, &mut st])?;
+        report.add("save_dense_vs_safetensors", "ms", m[0], m[1]);
+    }
+    drop(store);
+    std::fs::remove_dir_all(root)?;
     Ok(())
 }
