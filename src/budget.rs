@@ -1,235 +1,19 @@
-//! The memory budget: old versions' chunks held encoded (XOR deltas, byte planes), in
-//! the background, so that a dense history costs a fraction of its deep copies.
+//! The memory budget: when the history holds more than [`Config::memory_budget`],
+//! the oldest versions' chunks are held encoded ([`crate::encoded`]), in the
+//! background, so that a dense history costs a fraction of its deep copies. This module
+//! is the store's side: what to encode (the plan), when (after a commit, or at once),
+//! and swapping the encoded chunks into the history.
 //!
-//! An encoded chunk is a [`Chunk`] whose source is an [`EncodedChunk`]: its encoded form
-//! and, for a delta, the encoded form of its base (the same variable's chunk at the same
-//! index in the parent version), held by `Arc`. Reading it decodes the chain (at most
-//! [`MAX_DELTA_CHAIN`] deltas on a full chunk) in one pass ([`codec::decode_chain`]:
-//! one decompression per link, one hash check of the chunk's own bytes); the decoded
-//! bytes are kept by that handle until the next encoding pass drops them. While some
-//! handle keeps a chunk's decoded bytes, a delta on it starts from them instead of
-//! decoding the chain below (reading versions one after another decodes each link
-//! once). A base stays alive while a delta needs it, also after the version that held
-//! it was pruned.
+//! [`Config::memory_budget`]: crate::Config::memory_budget
 
 use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
-use rayon::prelude::*;
-
-use crate::buffer::{Bytes, WeakBytes};
-use crate::chunk::{Chunk, ChunkSource};
-use crate::codec::{self, Method};
-use crate::error::{Error, Result};
-use crate::hash::ContentHash;
+use crate::chunk::Chunk;
+use crate::encoded::{encoded_of, memory_of, run, BaseRef, Done, Item, Memory, Plan};
 use crate::history::Vars;
 use crate::store::Store;
 use crate::version::VersionId;
-
-/// The most deltas on one chain: a chunk whose base is this deep is encoded in full
-/// (byte planes) instead, so that reading any encoded chunk decodes at most this many
-/// deltas plus one full chunk.
-pub const MAX_DELTA_CHAIN: usize = 8;
-
-/// A chunk's encoded form held in memory, and the base it is a delta against.
-// Invariant: `depth` is 0 without a base, else the base's depth + 1, at most
-// `MAX_DELTA_CHAIN`; `bytes` decodes (with the base's bytes) to the chunk's bytes.
-#[derive(Debug)]
-pub(crate) struct EncodedChunk {
-    bytes: Box<[u8]>,
-    base: Option<Base>,
-    depth: usize,
-    /// The decoded bytes, while a chunk handle keeps them (checked against the id when
-    /// decoded): deltas on this chunk start from them.
-    decoded: Mutex<Option<WeakBytes>>,
-}
-
-#[derive(Debug)]
-struct Base {
-    src: Arc<EncodedChunk>,
-}
-
-impl EncodedChunk {
-    fn new(bytes: Box<[u8]>, base: Option<Base>) -> EncodedChunk {
-        let depth = base.as_ref().map_or(0, |b| b.src.depth + 1);
-        EncodedChunk {
-            bytes,
-            base,
-            depth,
-            decoded: Mutex::new(None),
-        }
-    }
-
-    /// The decoded bytes some handle still keeps.
-    fn cached(&self) -> Option<Bytes> {
-        self.decoded.lock().ok()?.as_ref()?.upgrade()
-    }
-
-    /// Decode the chain down to a full chunk, or to the first base whose decoded bytes
-    /// a handle still keeps, in one pass, checking the bytes against `id` once.
-    /// O(len · links decoded).
-    fn decode(&self, id: &ContentHash, len: usize) -> Result<Bytes> {
-        if let Some(b) = self.cached() {
-            return Ok(b);
-        }
-        let mut links: Vec<&[u8]> = vec![&self.bytes];
-        let mut at = self.base.as_ref();
-        let mut kept = None;
-        while let Some(b) = at {
-            if let Some(d) = b.src.cached() {
-                kept = Some(d);
-                break;
-            }
-            links.push(&b.src.bytes);
-            at = b.src.base.as_ref();
-        }
-        let bytes =
-            codec::decode_chain(&links, kept.as_deref(), id, len).map_err(|e| Error::Corrupt {
-                reason: format!("encoded chunk {id} in memory: {e}"),
-            })?;
-        if let Ok(mut g) = self.decoded.lock() {
-            *g = Some(bytes.downgrade());
-        }
-        Ok(bytes)
-    }
-}
-
-impl ChunkSource for EncodedChunk {
-    fn load(&self, id: &ContentHash, len: usize) -> Result<Bytes> {
-        self.decode(id, len)
-    }
-
-    fn in_memory(&self) -> bool {
-        true
-    }
-}
-
-/// The encoded form behind an encoded chunk.
-fn encoded_of(c: &Chunk) -> Option<Arc<EncodedChunk>> {
-    let src: Arc<dyn ChunkSource> = Arc::clone(c.source()?);
-    let any: Arc<dyn std::any::Any + Send + Sync> = src;
-    any.downcast::<EncodedChunk>().ok()
-}
-
-/// Memory held by chunks, by kind (see [`Store::memory`]).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(crate) struct Memory {
-    /// Buffers of raw chunks on the heap.
-    pub(crate) raw_held: usize,
-    /// Raw length of the encoded chunks.
-    pub(crate) encoded_raw: usize,
-    /// Encoded forms (with the bases only deltas hold) and decoded bytes kept.
-    pub(crate) encoded_held: usize,
-}
-
-/// Memory held by `chunks` (each given once): raw buffers on the heap, and encoded forms
-/// (each form once, with the bases that only deltas hold) and their decoded bytes.
-/// Chunks in a repository count nothing. O(chunks + chain lengths).
-pub(crate) fn memory_of<'a>(chunks: impl Iterator<Item = &'a Chunk>) -> Memory {
-    let mut m = Memory::default();
-    let mut forms = HashSet::new();
-    for c in chunks {
-        if !c.is_encoded() {
-            m.raw_held += c.held_bytes();
-            continue;
-        }
-        m.encoded_raw += c.len_bytes();
-        if !c.is_unloaded() {
-            m.encoded_held += c.len_bytes();
-        }
-        let mut src = encoded_of(c);
-        while let Some(s) = src {
-            if !forms.insert(Arc::as_ptr(&s) as usize) {
-                break;
-            }
-            m.encoded_held += s.bytes.len();
-            src = s.base.as_ref().map(|b| Arc::clone(&b.src));
-        }
-    }
-    m
-}
-
-/// Where the chunk to encode finds its base.
-enum BaseRef {
-    None,
-    /// Encoded by an earlier pass.
-    Encoded(Chunk, Arc<EncodedChunk>),
-    /// Encoded by this pass, before (the raw chunk's address).
-    InPass(usize),
-}
-
-struct Item {
-    raw: Chunk,
-    width: usize,
-    base: BaseRef,
-}
-
-/// The chunks one pass encodes: per version, oldest first.
-struct Plan {
-    versions: Vec<Vec<Item>>,
-}
-
-/// What a finished pass gives back: raw chunk address -> (the raw chunk, its encoded
-/// replacement).
-type Done = HashMap<usize, (Chunk, Chunk)>;
-
-/// A pass running on its own thread.
-#[derive(Debug)]
-struct Job {
-    pid: u32,
-    done: Arc<Mutex<Option<Done>>>,
-}
-
-/// The store's encoding state.
-#[derive(Debug, Default)]
-pub(crate) struct Budget {
-    job: Option<Job>,
-}
-
-fn encode_item(it: &Item, done: &Done) -> Option<(usize, Chunk, Chunk)> {
-    let raw = it.raw.data();
-    let base: Option<(ContentHash, Bytes, Arc<EncodedChunk>)> = match &it.base {
-        BaseRef::None => None,
-        BaseRef::InPass(a) => done.get(a).and_then(|(r, e)| {
-            let src = encoded_of(e)?;
-            Some((r.hash(), crate::buffer::AlignedBuf::bytes_of(r.data()), src))
-        }),
-        BaseRef::Encoded(c, src) => src
-            .decode(&c.hash(), c.len_bytes())
-            .ok()
-            .map(|b| (c.hash(), b, Arc::clone(src))),
-    };
-    let base = base.filter(|(_, b, src)| b.len() == raw.len() && src.depth < MAX_DELTA_CHAIN);
-    let e = codec::encode(raw, it.width, base.as_ref().map(|(id, b, _)| (id, &b[..])));
-    let (bytes, base) = match e.method() {
-        Method::Raw => return None,
-        Method::XorPlanes => {
-            let (_, _, src) = base.expect("a delta has a base");
-            (e.into_bytes(), Some(Base { src }))
-        }
-        _ => (e.into_bytes(), None),
-    };
-    let enc = Arc::new(EncodedChunk::new(bytes.into_boxed_slice(), base));
-    let chunk = Chunk::stored(it.raw.hash(), it.raw.len_bytes(), enc);
-    Some((it.raw.addr(), it.raw.clone(), chunk))
-}
-
-fn run(plan: Plan) -> Done {
-    let mut done = Done::new();
-    for items in plan.versions {
-        let out: Vec<_> = crate::parallel::install(|| {
-            items
-                .par_iter()
-                .with_min_len(1)
-                .filter_map(|it| encode_item(it, &done))
-                .collect()
-        });
-        for (a, raw, enc) in out {
-            done.insert(a, (raw, enc));
-        }
-    }
-    done
-}
 
 impl Store {
     /// Memory the chunks of the working state and the live versions held in memory
@@ -404,25 +188,8 @@ impl Store {
     /// Take in the result of a finished background pass (a pass started in another
     /// process, before a `fork`, is given up).
     fn collect_pass(&mut self) {
-        let Some(job) = &self.budget.job else {
-            return;
-        };
-        let taken = if job.pid == std::process::id() {
-            match job.done.lock() {
-                Ok(mut g) => g.take().map(Some),
-                Err(_) => Some(None),
-            }
-        } else {
-            Some(None)
-        };
-        match taken {
-            None => {} // still running
-            Some(done) => {
-                self.budget.job = None;
-                if let Some(done) = done {
-                    self.apply(done);
-                }
-            }
+        if let Some(Some(done)) = self.budget.finished() {
+            self.apply(done);
         }
     }
 
@@ -433,7 +200,7 @@ impl Store {
             return;
         };
         self.collect_pass();
-        if self.budget.job.is_some() {
+        if self.budget.running() {
             return;
         }
         let m = self.memory();
@@ -445,22 +212,7 @@ impl Store {
         if plan.versions.is_empty() {
             return;
         }
-        let done = Arc::new(Mutex::new(None));
-        let slot = Arc::clone(&done);
-        let spawned = std::thread::Builder::new()
-            .name("tensor-history-encode".into())
-            .spawn(move || {
-                let r = run(plan);
-                if let Ok(mut g) = slot.lock() {
-                    *g = Some(r);
-                }
-            });
-        if spawned.is_ok() {
-            self.budget.job = Some(Job {
-                pid: std::process::id(),
-                done,
-            });
-        }
+        self.budget.start(plan);
     }
 
     /// Bring the memory the history holds within [`Config::memory_budget`] now, on this
@@ -475,21 +227,8 @@ impl Store {
     ///
     /// [`Config::memory_budget`]: crate::Config::memory_budget
     pub fn enforce_memory_budget(&mut self) -> usize {
-        if let Some(job) = self.budget.job.take() {
-            if job.pid == std::process::id() {
-                // Wait for the running pass: it holds the slot until it is done.
-                loop {
-                    let taken = job.done.lock().ok().and_then(|mut g| g.take());
-                    if let Some(done) = taken {
-                        self.apply(done);
-                        break;
-                    }
-                    if Arc::strong_count(&job.done) == 1 {
-                        break; // the thread ended without a result
-                    }
-                    std::thread::sleep(std::time::Duration::from_millis(2));
-                }
-            }
+        if let Some(done) = self.budget.wait() {
+            self.apply(done);
         }
         let held = |s: &Store| {
             let m = s.memory();
@@ -522,6 +261,7 @@ mod tests {
 
     use super::*;
     use crate::config::Config;
+    use crate::encoded::MAX_DELTA_CHAIN;
 
     /// The depth of every encoded chunk of `w`, oldest version first.
     fn depths(s: &Store) -> Vec<Option<usize>> {

@@ -118,6 +118,7 @@ mod config;
 mod core_tests;
 mod diff;
 mod element;
+mod encoded;
 mod error;
 mod hash;
 mod history;
@@ -136,7 +137,6 @@ mod tensor;
 mod text;
 mod version;
 
-pub use budget::MAX_DELTA_CHAIN;
 pub use buffer::Bytes;
 pub use chunk::{Chunk, WeakChunk};
 pub use config::{
@@ -145,6 +145,7 @@ pub use config::{
 };
 pub use diff::{Diff, TensorDiff, VarDiff};
 pub use element::{DType, Element};
+pub use encoded::MAX_DELTA_CHAIN;
 pub use error::{Conflict, Error, Result};
 pub use hash::{ContentHash, ParseHashError};
 pub use history::{Ref, MAX_REF_NAME_BYTES};

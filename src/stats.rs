@@ -88,7 +88,7 @@ impl Store {
     pub fn stats(&self) -> Stats {
         let unique = self.unique_chunks();
         let unique_bytes: usize = unique.iter().map(|c| c.len_bytes()).sum();
-        let mem = crate::budget::memory_of(unique.iter().copied());
+        let mem = crate::encoded::memory_of(unique.iter().copied());
         let held_bytes = mem.raw_held + mem.encoded_held;
         // Deep copies of many versions can count more bytes than a `usize` holds.
         let working = self.is_dirty().then_some(&self.working);

@@ -35,7 +35,7 @@ pub struct Store {
     /// repository layer: everything the store asks of it goes through this link.
     pub(crate) repo: Option<Box<crate::repo::RepoLink>>,
     /// The background encoding under [`Config::memory_budget`].
-    pub(crate) budget: crate::budget::Budget,
+    pub(crate) budget: crate::encoded::Budget,
 }
 
 impl Default for Store {
@@ -70,7 +70,7 @@ impl Store {
             working: Vars::new(),
             hist: History::default(),
             repo: None,
-            budget: crate::budget::Budget::default(),
+            budget: crate::encoded::Budget::default(),
         })
     }
 

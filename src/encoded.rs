@@ -1,0 +1,299 @@
+//! Chunks held encoded in memory (XOR deltas against a base, byte planes) and the
+//! encoding pass that makes them, below the store: what the memory budget
+//! ([`crate::budget`]) plans and swaps in.
+//!
+//! An encoded chunk is a [`Chunk`] whose source is an [`EncodedChunk`]: its encoded form
+//! and, for a delta, the encoded form of its base (the same variable's chunk at the same
+//! index in the parent version), held by `Arc`. Reading it decodes the chain (at most
+//! [`MAX_DELTA_CHAIN`] deltas on a full chunk) in one pass ([`codec::decode_chain`]:
+//! one decompression per link, one hash check of the chunk's own bytes); the decoded
+//! bytes are kept by that handle until the next encoding pass drops them. While some
+//! handle keeps a chunk's decoded bytes, a delta on it starts from them instead of
+//! decoding the chain below (reading versions one after another decodes each link
+//! once). A base stays alive while a delta needs it, also after the version that held
+//! it was pruned.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+
+use rayon::prelude::*;
+
+use crate::buffer::{Bytes, WeakBytes};
+use crate::chunk::{Chunk, ChunkSource};
+use crate::codec::{self, Method};
+use crate::error::{Error, Result};
+use crate::hash::ContentHash;
+
+/// The most deltas on one chain: a chunk whose base is this deep is encoded in full
+/// (byte planes) instead, so that reading any encoded chunk decodes at most this many
+/// deltas plus one full chunk.
+pub const MAX_DELTA_CHAIN: usize = 8;
+
+/// A chunk's encoded form held in memory, and the base it is a delta against.
+// Invariant: `depth` is 0 without a base, else the base's depth + 1, at most
+// `MAX_DELTA_CHAIN`; `bytes` decodes (with the base's bytes) to the chunk's bytes.
+#[derive(Debug)]
+pub(crate) struct EncodedChunk {
+    bytes: Box<[u8]>,
+    base: Option<Base>,
+    pub(crate) depth: usize,
+    /// The decoded bytes, while a chunk handle keeps them (checked against the id when
+    /// decoded): deltas on this chunk start from them.
+    decoded: Mutex<Option<WeakBytes>>,
+}
+
+#[derive(Debug)]
+struct Base {
+    src: Arc<EncodedChunk>,
+}
+
+impl EncodedChunk {
+    fn new(bytes: Box<[u8]>, base: Option<Base>) -> EncodedChunk {
+        let depth = base.as_ref().map_or(0, |b| b.src.depth + 1);
+        EncodedChunk {
+            bytes,
+            base,
+            depth,
+            decoded: Mutex::new(None),
+        }
+    }
+
+    /// The decoded bytes some handle still keeps.
+    pub(crate) fn cached(&self) -> Option<Bytes> {
+        self.decoded.lock().ok()?.as_ref()?.upgrade()
+    }
+
+    /// Decode the chain down to a full chunk, or to the first base whose decoded bytes
+    /// a handle still keeps, in one pass, checking the bytes against `id` once.
+    /// O(len · links decoded).
+    pub(crate) fn decode(&self, id: &ContentHash, len: usize) -> Result<Bytes> {
+        if let Some(b) = self.cached() {
+            return Ok(b);
+        }
+        let mut links: Vec<&[u8]> = vec![&self.bytes];
+        let mut at = self.base.as_ref();
+        let mut kept = None;
+        while let Some(b) = at {
+            if let Some(d) = b.src.cached() {
+                kept = Some(d);
+                break;
+            }
+            links.push(&b.src.bytes);
+            at = b.src.base.as_ref();
+        }
+        let bytes =
+            codec::decode_chain(&links, kept.as_deref(), id, len).map_err(|e| Error::Corrupt {
+                reason: format!("encoded chunk {id} in memory: {e}"),
+            })?;
+        if let Ok(mut g) = self.decoded.lock() {
+            *g = Some(bytes.downgrade());
+        }
+        Ok(bytes)
+    }
+}
+
+impl ChunkSource for EncodedChunk {
+    fn load(&self, id: &ContentHash, len: usize) -> Result<Bytes> {
+        self.decode(id, len)
+    }
+
+    fn in_memory(&self) -> bool {
+        true
+    }
+}
+
+/// The encoded form behind an encoded chunk.
+pub(crate) fn encoded_of(c: &Chunk) -> Option<Arc<EncodedChunk>> {
+    let src: Arc<dyn ChunkSource> = Arc::clone(c.source()?);
+    let any: Arc<dyn std::any::Any + Send + Sync> = src;
+    any.downcast::<EncodedChunk>().ok()
+}
+
+/// Memory held by chunks, by kind (see `Store::memory`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Memory {
+    /// Buffers of raw chunks on the heap.
+    pub(crate) raw_held: usize,
+    /// Raw length of the encoded chunks.
+    pub(crate) encoded_raw: usize,
+    /// Encoded forms (with the bases only deltas hold) and decoded bytes kept.
+    pub(crate) encoded_held: usize,
+}
+
+/// Memory held by `chunks` (each given once): raw buffers on the heap, and encoded forms
+/// (each form once, with the bases that only deltas hold) and their decoded bytes.
+/// Chunks in a repository count nothing. O(chunks + chain lengths).
+pub(crate) fn memory_of<'a>(chunks: impl Iterator<Item = &'a Chunk>) -> Memory {
+    let mut m = Memory::default();
+    let mut forms = HashSet::new();
+    for c in chunks {
+        if !c.is_encoded() {
+            m.raw_held += c.held_bytes();
+            continue;
+        }
+        m.encoded_raw += c.len_bytes();
+        if !c.is_unloaded() {
+            m.encoded_held += c.len_bytes();
+        }
+        let mut src = encoded_of(c);
+        while let Some(s) = src {
+            if !forms.insert(Arc::as_ptr(&s) as usize) {
+                break;
+            }
+            m.encoded_held += s.bytes.len();
+            src = s.base.as_ref().map(|b| Arc::clone(&b.src));
+        }
+    }
+    m
+}
+
+/// Where the chunk to encode finds its base.
+pub(crate) enum BaseRef {
+    /// Encoded in full (byte planes).
+    None,
+    /// Encoded by an earlier pass.
+    Encoded(Chunk, Arc<EncodedChunk>),
+    /// Encoded by this pass, before (the raw chunk's address).
+    InPass(usize),
+}
+
+pub(crate) struct Item {
+    pub(crate) raw: Chunk,
+    pub(crate) width: usize,
+    pub(crate) base: BaseRef,
+}
+
+/// The chunks one pass encodes: per version, oldest first.
+pub(crate) struct Plan {
+    pub(crate) versions: Vec<Vec<Item>>,
+}
+
+/// What a finished pass gives back: raw chunk address -> (the raw chunk, its encoded
+/// replacement).
+pub(crate) type Done = HashMap<usize, (Chunk, Chunk)>;
+
+/// A pass running on its own thread.
+#[derive(Debug)]
+struct Job {
+    pid: u32,
+    done: Arc<Mutex<Option<Done>>>,
+}
+
+/// The store's encoding state: the background pass in flight, if any.
+#[derive(Debug, Default)]
+pub(crate) struct Budget {
+    job: Option<Job>,
+}
+
+impl Budget {
+    /// Whether a pass is in flight.
+    pub(crate) fn running(&self) -> bool {
+        self.job.is_some()
+    }
+
+    /// Run `plan` on a thread of its own. A thread that cannot be spawned starts
+    /// nothing (the next commit tries again).
+    pub(crate) fn start(&mut self, plan: Plan) {
+        let done = Arc::new(Mutex::new(None));
+        let slot = Arc::clone(&done);
+        let spawned = std::thread::Builder::new()
+            .name("tensor-history-encode".into())
+            .spawn(move || {
+                let r = run(plan);
+                if let Ok(mut g) = slot.lock() {
+                    *g = Some(r);
+                }
+            });
+        if spawned.is_ok() {
+            self.job = Some(Job {
+                pid: std::process::id(),
+                done,
+            });
+        }
+    }
+
+    /// The result of a finished pass: `None` while it runs (or with none in flight),
+    /// `Some(None)` for a pass given up (started in another process, before a `fork`,
+    /// or whose thread failed).
+    pub(crate) fn finished(&mut self) -> Option<Option<Done>> {
+        let job = self.job.as_ref()?;
+        let taken = if job.pid == std::process::id() {
+            match job.done.lock() {
+                Ok(mut g) => g.take().map(Some),
+                Err(_) => Some(None),
+            }
+        } else {
+            Some(None)
+        };
+        if taken.is_some() {
+            self.job = None;
+        }
+        taken
+    }
+
+    /// Wait for the pass in flight and take its result (`None` without one, or for a
+    /// pass given up).
+    pub(crate) fn wait(&mut self) -> Option<Done> {
+        let job = self.job.take()?;
+        if job.pid != std::process::id() {
+            return None;
+        }
+        // The running pass holds the slot until it is done.
+        loop {
+            if let Some(done) = job.done.lock().ok().and_then(|mut g| g.take()) {
+                return Some(done);
+            }
+            if Arc::strong_count(&job.done) == 1 {
+                return None; // the thread ended without a result
+            }
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+    }
+}
+
+fn encode_item(it: &Item, done: &Done) -> Option<(usize, Chunk, Chunk)> {
+    let raw = it.raw.data();
+    let base: Option<(ContentHash, Bytes, Arc<EncodedChunk>)> = match &it.base {
+        BaseRef::None => None,
+        BaseRef::InPass(a) => done.get(a).and_then(|(r, e)| {
+            let src = encoded_of(e)?;
+            Some((r.hash(), crate::buffer::AlignedBuf::bytes_of(r.data()), src))
+        }),
+        BaseRef::Encoded(c, src) => src
+            .decode(&c.hash(), c.len_bytes())
+            .ok()
+            .map(|b| (c.hash(), b, Arc::clone(src))),
+    };
+    let base = base.filter(|(_, b, src)| b.len() == raw.len() && src.depth < MAX_DELTA_CHAIN);
+    let e = codec::encode(raw, it.width, base.as_ref().map(|(id, b, _)| (id, &b[..])));
+    let (bytes, base) = match e.method() {
+        Method::Raw => return None,
+        Method::XorPlanes => {
+            let (_, _, src) = base.expect("a delta has a base");
+            (e.into_bytes(), Some(Base { src }))
+        }
+        _ => (e.into_bytes(), None),
+    };
+    let enc = Arc::new(EncodedChunk::new(bytes.into_boxed_slice(), base));
+    let chunk = Chunk::stored(it.raw.hash(), it.raw.len_bytes(), enc);
+    Some((it.raw.addr(), it.raw.clone(), chunk))
+}
+
+/// Encode `plan` on this thread (and the crate's pool), version by version, oldest
+/// first: a delta may take a chunk encoded earlier in the same pass as its base.
+pub(crate) fn run(plan: Plan) -> Done {
+    let mut done = Done::new();
+    for items in plan.versions {
+        let out: Vec<_> = crate::parallel::install(|| {
+            items
+                .par_iter()
+                .with_min_len(1)
+                .filter_map(|it| encode_item(it, &done))
+                .collect()
+        });
+        for (a, raw, enc) in out {
+            done.insert(a, (raw, enc));
+        }
+    }
+    done
+}
