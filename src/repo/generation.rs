@@ -396,3 +396,85 @@ pub(crate) fn forget_collected(hist: &mut History, b: &mut RepoLink) -> Vec<Vers
     }
     collected.into_iter().map(|(id, _)| id).collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::repo::backend::MemoryBackend;
+
+    const SEC: u64 = 1_000_000_000;
+
+    fn entry_of(backend: &MemoryBackend, seq: u64, body: &[u8]) -> Option<RunEntry> {
+        backend.put(&generation_key(seq), body).unwrap();
+        RunEntry::read(backend, seq).unwrap()
+    }
+
+    #[test]
+    fn an_entry_of_an_earlier_build_covers_every_record_until_thirty_seconds_after_it_started() {
+        let backend = MemoryBackend::new();
+        let t = 1_000 * SEC;
+        let run = entry_of(&backend, 1, format!("{{\"time_ns\": {t}}}").as_bytes()).unwrap();
+        assert!(run.covers("gc/00/anything.thgc"));
+        let margin = ns(DEADLINE_MARGIN);
+        assert!(run.may_delete(t + 30 * SEC + margin - 1));
+        assert!(!run.may_delete(t + 30 * SEC + margin));
+        assert_eq!(run.ended_ns(), t + 30 * SEC + margin);
+    }
+
+    #[test]
+    fn an_entry_covers_only_its_records_and_a_closed_one_deletes_nothing_more() {
+        let backend = MemoryBackend::new();
+        let t = 1_000 * SEC;
+        let (seq, body) = start_generation(
+            &backend,
+            t,
+            &["gc/a.thgc".to_owned()],
+            Duration::from_secs(2),
+        )
+        .unwrap();
+        let run = RunEntry::read(&backend, seq).unwrap().unwrap();
+        assert!(run.covers("gc/a.thgc") && !run.covers("gc/b.thgc"));
+        assert!(run.may_delete(t + 2 * SEC));
+        close_generation(&backend, seq, body).unwrap();
+        let run = RunEntry::read(&backend, seq).unwrap().unwrap();
+        assert!(!run.may_delete(t));
+        let closed = run.body.closed_ns.unwrap();
+        assert_eq!(run.ended_ns(), closed + ns(DEADLINE_MARGIN));
+        // A closed entry ends a wait at once.
+        let start = Instant::now();
+        run.wait(&backend, seq).unwrap();
+        assert!(start.elapsed() < Duration::from_secs(1));
+    }
+
+    #[test]
+    fn a_damaged_or_missing_entry_reads_as_no_run() {
+        let backend = MemoryBackend::new();
+        assert!(entry_of(&backend, 1, b"\xff{").is_none());
+        assert!(RunEntry::read(&backend, 2).unwrap().is_none());
+    }
+
+    #[test]
+    fn trimming_keeps_the_entries_of_runs_that_may_still_delete() {
+        let backend = MemoryBackend::new();
+        let now = now_ns();
+        let within = Duration::from_secs(60);
+        let (open, _) = start_generation(&backend, now, &[], within).unwrap();
+        let (closed, body) = start_generation(&backend, now, &[], within).unwrap();
+        close_generation(&backend, closed, body).unwrap();
+        // An earlier build's entry of long ago, and a crashed run past its deadline.
+        backend
+            .put(&generation_key(3), b"{\"time_ns\": 1}")
+            .unwrap();
+        let (crashed, _) = start_generation(&backend, 1, &[], within).unwrap();
+        let (latest, _) = start_generation(&backend, now, &[], within).unwrap();
+        trim_generations(&backend, latest).unwrap();
+        let left: Vec<u64> = backend
+            .list(GENERATIONS_PREFIX)
+            .unwrap()
+            .iter()
+            .filter_map(|o| parse_generation_key(&o.key))
+            .collect();
+        assert!(crashed > 3);
+        assert_eq!(left, vec![open, latest]);
+    }
+}
