@@ -8,6 +8,12 @@
 //! again to forget what is gone (a save then writes it again when it needs it). Without
 //! that, a gc run that recorded and deleted only manifests or versions between two saves
 //! of a long-lived store went unnoticed, and the store's next save named deleted objects.
+//!
+//! The entry also names the records whose objects the run may delete and its deadline,
+//! and the run closes it when done deleting. A save that wrote again what such a record
+//! lists reads the entries after its barrier and waits for a run that may still delete
+//! ([`RepoLink::gc_check`]): a save that began after the entry saw both the generation
+//! and the records, and neither changes while the run deletes.
 
 use std::collections::HashSet;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
