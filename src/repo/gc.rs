@@ -689,6 +689,9 @@ fn delete(
 ) -> Result<bool> {
     let backend = b.backend.clone();
     let backend = &*backend;
+    if now_ns() >= deadline_ns {
+        return Ok(false);
+    }
     if !old_indexes.is_empty() {
         let (bytes, id) = encode(Kind::Index, replacement);
         backend.put(&index_key(&id), &bytes)?;
