@@ -816,3 +816,153 @@ fn a_diverged_branch_names_the_repositorys_version_and_leaves_the_other_refs_sav
     b.merge(theirs, MergeStrategy::Ours).unwrap();
     b.save().unwrap();
 }
+
+/// Every version `r` (a reopened repository) holds reads back bit for bit as the store
+/// `a` that saved it holds it, and every version `a`'s refs reach is in `r` (but those of
+/// `gone`, refs another store deleted).
+fn reads_back_as_saved(a: &Store, r: &Store, gone: &[&str]) {
+    r.verify().unwrap();
+    for v in r.versions() {
+        let h = r.version_hash(v).unwrap().to_string();
+        let Ok(mine) = a.resolve(&h) else {
+            continue; // saved by the other store only
+        };
+        let (theirs, mine) = (r.snapshot(v).unwrap(), a.snapshot(mine).unwrap());
+        assert_eq!(theirs.names(), mine.names(), "{h}");
+        for name in theirs.names() {
+            let (x, y) = (
+                theirs.get::<f32>(&name).unwrap(),
+                mine.get::<f32>(&name).unwrap(),
+            );
+            assert_eq!(x.shape(), y.shape(), "{h} {name}");
+            let bits = |t: &ndarray::ArrayD<f32>| t.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&x), bits(&y), "{h} {name}");
+        }
+    }
+    for (name, rf) in a.refs() {
+        if gone.contains(&name.as_str()) {
+            continue;
+        }
+        let mut todo = vec![rf.target()];
+        while let Some(v) = todo.pop() {
+            let h = a.version_hash(v).unwrap();
+            assert!(r.resolve(&h.to_string()).is_ok(), "{name}: {h} missing");
+            todo.extend(a.parents(v).unwrap());
+        }
+    }
+}
+
+/// A gc run created its generation entry and listed the repository again, and is about
+/// to delete a version and a manifest it recorded. A save that starts just then sees
+/// that generation and the record, so it writes both again, and its check after its
+/// barrier still finds the same generation and the record: without more, its refs
+/// would name what the run deletes next. The run's entry lists the record and is not
+/// closed, so the save waits until the run is done, then writes again what it deleted.
+#[test]
+fn a_save_that_starts_while_a_gc_run_deletes_waits_for_it_and_writes_again_what_it_deleted() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::mpsc::channel;
+    let inner = Arc::new(MemoryBackend::new());
+    let (hooked_a, hooked_b) = (Hooked::new(&inner), Hooked::new(&inner));
+    let (mut a, mut b, e1, flat) = recorded_by_another_store(&hooked_a, &hooked_b);
+    build_on(&mut a, e1);
+
+    // The run stops before its first deletion (after its entry and its second listing)
+    // until the save has written everything again and checks gc.
+    let (at_delete_tx, at_delete_rx) = channel::<()>();
+    let (go_tx, go_rx) = channel::<()>();
+    let at_delete_tx = Mutex::new(Some(at_delete_tx));
+    let go_rx = Mutex::new(Some(go_rx));
+    hooked_b.set(move |op, _| {
+        if op == Op::Delete {
+            if let Some(tx) = at_delete_tx.lock().unwrap().take() {
+                tx.send(()).unwrap();
+                go_rx.lock().unwrap().take().unwrap().recv().unwrap();
+            }
+        }
+    });
+    let gc = std::thread::spawn(move || b.gc_with(&GcOptions::immediate()).unwrap());
+    at_delete_rx.recv().unwrap();
+    assert_eq!(inner.list("gc/generations/").unwrap().len(), 1);
+
+    let go_tx = Mutex::new(Some(go_tx));
+    let wrote = AtomicBool::new(false);
+    hooked_a.set(move |op, key| {
+        if op == Op::Put {
+            wrote.store(true, Ordering::SeqCst);
+        } else if op == Op::List && key == "gc/" && wrote.load(Ordering::SeqCst) {
+            if let Some(go) = go_tx.lock().unwrap().take() {
+                go.send(()).unwrap();
+            }
+        }
+    });
+    let saved = a.save().unwrap();
+    let stats = gc.join().unwrap();
+    assert!(stats.objects_deleted >= 2, "{stats:?}");
+    check_exp2(&inner, &flat);
+    let r = Store::open_backend(inner.clone(), config()).unwrap();
+    reads_back_as_saved(&a, &r, &[]);
+    // `exp 1` written twice (before the run deleted it and after), and `exp 2`.
+    assert_eq!(saved.versions_written, 3, "{saved:?}");
+}
+
+/// A gc run whose deadline (`delete_within` after it announced its deletions) passes
+/// while it deletes starts no deletion after it: the objects it did not delete stay, its
+/// record stays for a later run, and its entry is closed. The next run deletes the rest.
+#[test]
+fn a_gc_run_past_its_deadline_deletes_nothing_more_and_a_later_run_deletes_the_rest() {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    let inner = Arc::new(MemoryBackend::new());
+    let (hooked_a, hooked_b) = (Hooked::new(&inner), Hooked::new(&inner));
+    let (a, mut b, _, _) = recorded_by_another_store(&hooked_a, &hooked_b);
+    let records = || {
+        inner
+            .list("gc/")
+            .unwrap()
+            .into_iter()
+            .filter(|o| o.key.ends_with(".thgc"))
+            .count()
+    };
+    assert_eq!(records(), 1);
+
+    // The first deletion takes longer than the run's whole time to delete.
+    let slow = AtomicBool::new(true);
+    let deletes = Arc::new(AtomicUsize::new(0));
+    let counted = deletes.clone();
+    hooked_b.set(move |op, _| {
+        if op == Op::Delete {
+            counted.fetch_add(1, Ordering::SeqCst);
+            if slow.swap(false, Ordering::SeqCst) {
+                std::thread::sleep(std::time::Duration::from_millis(300));
+            }
+        }
+    });
+    let mut options = GcOptions::immediate();
+    options.delete_within = std::time::Duration::from_millis(100);
+    let stats = b.gc_with(&options).unwrap();
+    assert_eq!(stats.objects_deleted, 1, "{stats:?}");
+    assert_eq!(records(), 1, "the record stays for a later run");
+    assert_eq!(
+        deletes.load(Ordering::SeqCst),
+        1,
+        "a deletion after the deadline"
+    );
+    // The run's generation entry stays, closed.
+    let entries = inner.list("gc/generations/").unwrap();
+    assert_eq!(entries.len(), 1);
+    let entry = String::from_utf8(inner.get(&entries[0].key).unwrap().to_vec()).unwrap();
+    assert!(entry.contains("\"closed_ns\""), "{entry}");
+    let r = Store::open_backend(inner.clone(), config()).unwrap();
+    reads_back_as_saved(&a, &r, &["exp"]);
+
+    let stats = b.gc_with(&GcOptions::immediate()).unwrap();
+    assert!(stats.objects_deleted >= 1, "{stats:?}");
+    assert_eq!(records(), 0, "{stats:?}");
+    let r = Store::open_backend(inner.clone(), config()).unwrap();
+    reads_back_as_saved(&a, &r, &["exp"]);
+    // Nothing left to delete.
+    assert_eq!(
+        b.gc_with(&GcOptions::immediate()).unwrap().objects_deleted,
+        0
+    );
+}

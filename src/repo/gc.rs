@@ -4,6 +4,8 @@
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use super::format::GenerationJson;
+
 use serde::{Deserialize, Serialize};
 
 use super::backend::{is_not_found, Backend, ObjectInfo};
@@ -13,7 +15,7 @@ use super::format::{
     HeadJson, IndexBody, IndexPack, Kind, PrunedJson, GC_PREFIX, HEAD_KEY, INDEX_PREFIX,
     MANIFESTS_PREFIX, PACKS_PREFIX, PRUNED_PREFIX, REFS_PREFIX, VERSIONS_PREFIX,
 };
-use super::generation::{start_generation, trim_generations};
+use super::generation::{close_generation, now_ns, start_generation, trim_generations};
 use super::index::read_index_files;
 use super::pack::{read_chunk, write_pack, Loc, Span, WrittenPack};
 use super::refs;
@@ -24,6 +26,13 @@ use crate::store::Store;
 
 /// Default [`GcOptions::grace`]: one hour, longer than any save is expected to take.
 pub const DEFAULT_GC_GRACE: Duration = Duration::from_secs(3600);
+
+/// Default [`GcOptions::delete_within`]: 30 seconds.
+pub const DEFAULT_DELETE_WITHIN: Duration = Duration::from_secs(30);
+
+fn default_delete_within() -> Duration {
+    DEFAULT_DELETE_WITHIN
+}
 
 /// How [`Store::gc_with`] collects.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -41,6 +50,15 @@ pub struct GcOptions {
     /// (`objects_deleted` and `bytes_deleted` then count what it would delete, and
     /// `packs_rewritten` the packs it would rewrite, whose freed bytes are not counted).
     pub dry_run: bool,
+    /// How long a run may go on deleting once it announced its deletions (default
+    /// [`DEFAULT_DELETE_WITHIN`]). The run's generation entry carries the deadline; the
+    /// run starts no deletion after it and leaves the rest to a later run (its records
+    /// stay). A save that wrote again an object the run may delete waits until the run
+    /// is done or past its deadline (plus a margin for clocks, see `docs/FORMAT.md`),
+    /// then writes again what is gone: so a longer time makes such saves wait longer
+    /// after a run that crashed, and a shorter one lets a large run delete less.
+    #[serde(default = "default_delete_within")]
+    pub delete_within: Duration,
 }
 
 impl Default for GcOptions {
@@ -49,6 +67,7 @@ impl Default for GcOptions {
             grace: DEFAULT_GC_GRACE,
             repack_below: 0.5,
             dry_run: false,
+            delete_within: DEFAULT_DELETE_WITHIN,
         }
     }
 }
@@ -88,12 +107,6 @@ struct Live {
     keys: HashSet<String>,
     chunks: HashSet<ContentHash>,
     versions: usize,
-}
-
-fn now_ns() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos().min(u128::from(u64::MAX)) as u64)
 }
 
 fn ns_of(t: Option<SystemTime>) -> u64 {
@@ -205,8 +218,10 @@ impl Store {
     ///    save or refresh forgets what was deleted, and writes it again when needed.
     ///
     /// A save that runs concurrently never loses data as long as it takes less than
-    /// `grace`: what it writes or reuses is referenced by the time step 4 looks again
-    /// (`docs/FORMAT.md` states the rule and its one narrow exception).
+    /// `grace`: what it writes or reuses is referenced by the time step 4 looks again,
+    /// and a save that writes again what this run is deleting waits for the run to be
+    /// done (or past its deadline, `delete_within`) and writes it once more
+    /// (`docs/FORMAT.md` states the rule and the clock assumption).
     ///
     /// O(repository metadata) reads + O(dead objects) deletes + O(live bytes of
     /// rewritten packs).
@@ -308,12 +323,8 @@ fn gc_into(b: &mut RepoLink, options: &GcOptions, held: &[ContentHash]) -> Resul
     // Phase 2: delete candidates of records old enough, still unreferenced, unchanged.
     let grace = u64::try_from(options.grace.as_nanos()).unwrap_or(u64::MAX);
     let (mut doomed, done_records) = due(&records, &candidates, &listed, now, grace);
-    let mut generation = None;
-    if !options.dry_run && !doomed.is_empty() {
-        generation = Some(announce(backend, now, &listed, &mut doomed)?);
-    }
-    let (old_indexes, replacement) = indexes_naming_doomed(&indexes, &doomed);
     if options.dry_run {
+        let (old_indexes, _) = indexes_naming_doomed(&indexes, &doomed);
         let gone = old_indexes
             .iter()
             .map(String::as_str)
@@ -324,9 +335,37 @@ fn gc_into(b: &mut RepoLink, options: &GcOptions, held: &[ContentHash]) -> Resul
         }
         return Ok(stats);
     }
-    delete(b, &listed, &old_indexes, &replacement, &doomed, &mut stats)?;
-    trim(b, &done_records, generation)?;
-    Ok(stats)
+    let mut run = None;
+    if !doomed.is_empty() {
+        let (seq, entry) =
+            start_generation(backend, now_ns(), &done_records, options.delete_within)?;
+        run = Some((seq, entry));
+    }
+    let mut finish = |b: &mut RepoLink, stats: &mut GcStats| -> Result<()> {
+        let mut finished = true;
+        if let Some((_, entry)) = &run {
+            look_again(backend, &listed, &mut doomed)?;
+            let (old_indexes, replacement) = indexes_naming_doomed(&indexes, &doomed);
+            let deadline = entry.deadline_ns.unwrap_or(0);
+            finished = delete(
+                b,
+                &listed,
+                &old_indexes,
+                &replacement,
+                &doomed,
+                deadline,
+                stats,
+            )?;
+        }
+        trim(b, &done_records, finished, run.clone())
+    };
+    let result = finish(b, &mut stats);
+    if let (Err(_), Some((seq, entry))) = (&result, run.clone()) {
+        // The run deletes nothing more: saves waiting for it go on. If this fails too,
+        // the entry's deadline ends the wait.
+        let _ = close_generation(backend, seq, entry);
+    }
+    result.map(|()| stats)
 }
 
 /// Which pack serves each live chunk; every listed pack's chunks.
@@ -583,17 +622,12 @@ fn due<'r>(
     (doomed, done_records)
 }
 
-/// Announce the deletions before making any: a store that saves or refreshes from now
-/// on reads its listings again and forgets what is gone, and a save running now checks
-/// again before it writes a ref. Then look again: an object written again since the
-/// first listing (by a save that found it in a record) stays. Returns the generation.
-fn announce(
-    backend: &dyn Backend,
-    now: u64,
-    listed: &Listed<'_>,
-    doomed: &mut Vec<&str>,
-) -> Result<u64> {
-    let generation = start_generation(backend, now)?;
+/// After the deletions were announced (the generation entry: a store that saves or
+/// refreshes from now on reads its listings again and forgets what is gone, and a save
+/// running now checks again before it writes a ref, waiting for this run if it wrote
+/// again what the run may delete), look again: an object written again since the first
+/// listing (by a save that found it in a record) stays.
+fn look_again(backend: &dyn Backend, listed: &Listed<'_>, doomed: &mut Vec<&str>) -> Result<()> {
     let again: HashMap<String, ObjectInfo> = backend
         .list("")?
         .into_iter()
@@ -603,7 +637,7 @@ fn announce(
         (Some(before), Some(now)) => before.modified == now.modified && before.size == now.size,
         _ => false,
     });
-    Ok(generation)
+    Ok(())
 }
 
 /// The indexes that name a pack about to go, and the index that replaces them (it
@@ -641,29 +675,43 @@ fn indexes_naming_doomed(
 }
 
 /// Delete: the replacement index first (then the indexes it supersedes), then the
-/// doomed objects, keeping the store's own bookkeeping in step; barrier.
+/// doomed objects, keeping the store's own bookkeeping in step; barrier. No deletion
+/// starts at or after `deadline_ns` (this host's clock): returns whether every one was
+/// made.
 fn delete(
     b: &mut RepoLink,
     listed: &Listed<'_>,
     old_indexes: &[String],
     replacement: &IndexBody,
     doomed: &[&str],
+    deadline_ns: u64,
     stats: &mut GcStats,
-) -> Result<()> {
+) -> Result<bool> {
     let backend = b.backend.clone();
     let backend = &*backend;
+    if now_ns() >= deadline_ns {
+        return Ok(false);
+    }
     if !old_indexes.is_empty() {
         let (bytes, id) = encode(Kind::Index, replacement);
         backend.put(&index_key(&id), &bytes)?;
         backend.barrier()?;
         b.chunks.note_index(Some(id));
         for k in old_indexes {
+            if now_ns() >= deadline_ns {
+                backend.barrier()?;
+                return Ok(false);
+            }
             backend.delete(k)?;
             stats.objects_deleted += 1;
             stats.bytes_deleted += listed.get(k.as_str()).map_or(0, |o| o.size);
         }
     }
     for k in doomed {
+        if now_ns() >= deadline_ns {
+            backend.barrier()?;
+            return Ok(false);
+        }
         backend.delete(k)?;
         stats.objects_deleted += 1;
         stats.bytes_deleted += listed.get(k).map_or(0, |o| o.size);
@@ -681,19 +729,30 @@ fn delete(
             b.manifests.remove(&m);
         }
     }
-    backend.barrier()
+    backend.barrier()?;
+    Ok(true)
 }
 
-/// After the deletions: remove the records they finished (barrier), then the generation
-/// entries below this run's, and catch up with what the repository holds now.
-fn trim(b: &mut RepoLink, done_records: &[String], generation: Option<u64>) -> Result<()> {
+/// After the deletions: remove the records they finished if every deletion was made
+/// (`finished`; a run stopped at its deadline leaves them to a later run), barrier;
+/// close this run's generation entry, remove the entries below it whose runs are done,
+/// and catch up with what the repository holds now.
+fn trim(
+    b: &mut RepoLink,
+    done_records: &[String],
+    finished: bool,
+    run: Option<(u64, GenerationJson)>,
+) -> Result<()> {
     let backend = b.backend.clone();
-    for k in done_records {
-        backend.delete(k)?;
+    if finished {
+        for k in done_records {
+            backend.delete(k)?;
+        }
+        backend.barrier()?;
     }
-    backend.barrier()?;
-    if let Some(g) = generation {
-        trim_generations(&*backend, g)?;
+    if let Some((seq, entry)) = run {
+        close_generation(&*backend, seq, entry)?;
+        trim_generations(&*backend, seq)?;
     }
     b.catch_up()
 }

@@ -45,6 +45,9 @@ pub(crate) struct RepoLink {
     pub(crate) generation: u64,
     /// The gc records (keys) seen: one that disappears means a gc run deleted objects.
     pub(crate) records_seen: HashSet<String>,
+    /// A gc run may have deleted objects without a new generation or a record gone (it
+    /// stopped at its deadline while a save wrote): the next catch-up lists again.
+    pub(crate) relist: bool,
     /// `config.json` as read at connect: saves check that it is still there, unchanged.
     pub(crate) config: Vec<u8>,
     /// The `seq` each version was first written with, where the store gave it another id
@@ -84,6 +87,7 @@ impl RepoLink {
             gone: HashSet::new(),
             generation: 0,
             records_seen: HashSet::new(),
+            relist: false,
             config: Vec::new(),
             seqs: HashMap::new(),
             refs_seen_before: BTreeMap::new(),

@@ -38,7 +38,7 @@ mod save;
 
 pub use backend::open_location;
 pub(crate) use chunks::RepoChunks;
-pub use gc::{GcOptions, GcStats, DEFAULT_GC_GRACE};
+pub use gc::{GcOptions, GcStats, DEFAULT_DELETE_WITHIN, DEFAULT_GC_GRACE};
 pub(crate) use link::RepoLink;
 pub use object::parse_object;
 pub use open::RefreshStats;

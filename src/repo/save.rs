@@ -11,11 +11,11 @@ use serde::{Deserialize, Serialize};
 use super::backend::open_path;
 use super::backend::{Backend, PutOutcome};
 use super::format::{
-    encode, index_key, manifest_key, pruned_key, ref_key, time_parts, to_json, version_key,
-    EntryKind, HeadJson, IndexBody, IndexPack, Kind, ManifestBody, PrunedJson, RefEntry,
-    VersionBody, HEAD_KEY,
+    encode, index_key, manifest_key, pack_key, pruned_key, ref_key, time_parts, to_json,
+    version_key, EntryKind, HeadJson, IndexBody, IndexPack, Kind, ManifestBody, PrunedJson,
+    RefEntry, VersionBody, HEAD_KEY,
 };
-use super::generation::forget_collected;
+use super::generation::{forget_collected, now_ns};
 use super::pack::{write_packs, Loc};
 use super::refs;
 use super::RepoLink;
@@ -172,11 +172,14 @@ fn version_object_with(
 /// if a gc deleted the marker this store saw, is added to `markers` (with its own
 /// parents, recursively). `None` otherwise: the version is then written with its
 /// parents in the history, and so gets a new content address.
+///
+/// A marker found in the repository that a gc record lists is added to `reused`.
 fn original_parents(
     hist: &History,
     b: &RepoLink,
     h: ContentHash,
     markers: &mut Vec<(ContentHash, Vec<ContentHash>, Vec<u8>)>,
+    reused: &mut HashSet<String>,
 ) -> Result<Option<Vec<ContentHash>>> {
     let Some(parents) = b.parents_of.get(&h) else {
         return Ok(None);
@@ -193,7 +196,12 @@ fn original_parents(
             continue;
         }
         match b.backend.get(&pruned_key(&p)) {
-            Ok(_) => continue,
+            Ok(_) => {
+                if b.gc_keys.contains(&pruned_key(&p)) {
+                    reused.insert(pruned_key(&p));
+                }
+                continue;
+            }
             Err(e) if super::backend::is_not_found(&e) => {}
             Err(e) => return Err(e),
         }
@@ -308,7 +316,11 @@ impl Store {
     /// Afterwards, chunks held only by saved versions (not by the working state) leave the
     /// heap: they are read back from the repository when used.
     ///
-    /// O(new chunks) writes + O(chunks of new versions) hashing (parallel, cached).
+    /// O(new chunks) writes + O(chunks of new versions) hashing (parallel, cached). A
+    /// save that writes again objects a gc run of another process is deleting right
+    /// then waits for that run to be done (at most the run's
+    /// [`delete_within`](crate::GcOptions::delete_within) plus 5 s) and writes them once
+    /// more; no other save waits.
     ///
     /// # Errors
     ///
@@ -490,9 +502,12 @@ fn save_into(
 ) -> Result<Saved> {
     let mut stats = SaveStats::default();
     let mut round = 0;
+    // gc runs this save waited for or took in (see `RepoLink::gc_check`).
+    let mut settled = HashSet::new();
     loop {
         round += 1;
         b.check_config()?;
+        let since = now_ns();
         // What other processes wrote since: index files, gc records and generation (a
         // gc that deleted objects since makes the store forget them first). Objects a
         // record lists are written again rather than reused, so that a gc that recorded
@@ -501,13 +516,14 @@ fn save_into(
         // Versions another process pruned and a gc collected are forgotten here too,
         // not written again.
         forget_collected(hist, b);
-        let wrote = write_objects(hist, b, &mut stats)?;
+        let (wrote, rewrote) = write_objects(hist, b, &mut stats)?;
         // A gc run that started deleting since the catch-up (a new generation), or that
         // finished a run started before it (a record gone), may have deleted objects
-        // this round wrote again or reused: write what is gone again before any ref
-        // names it. Only records make objects deletable, so without any there is
-        // nothing to check.
-        if !(wrote && !b.records_seen.is_empty() && b.gc_moved()?) {
+        // this round wrote again or reused; so may a run whose entry the catch-up saw
+        // and that is still deleting (the save waits until it closes or passes its
+        // deadline). Write what is gone again before any ref names it. Only records
+        // make objects deletable, so without any there is nothing to check.
+        if !(wrote && !b.records_seen.is_empty() && b.gc_check(&rewrote, since, &mut settled)?) {
             break;
         }
         if round == MAX_SAVE_ROUNDS {
@@ -532,8 +548,12 @@ fn save_into(
 
 /// Write the versions the repository lacks (or that gc recorded or deleted): packs,
 /// index, manifests, versions, barrier; record them in `b`. Returns whether anything was
-/// written.
-fn write_objects(hist: &History, b: &mut RepoLink, stats: &mut SaveStats) -> Result<bool> {
+/// written, and the keys of the objects written again or reused that a gc record lists.
+fn write_objects(
+    hist: &History,
+    b: &mut RepoLink,
+    stats: &mut SaveStats,
+) -> Result<(bool, HashSet<String>)> {
     let backend = b.backend.clone();
     let written_before = stats.bytes_written;
     let mut redo = b.gc_keys.clone();
@@ -563,8 +583,13 @@ fn write_objects(hist: &History, b: &mut RepoLink, stats: &mut SaveStats) -> Res
     }
 
     // Packs, then one index of them.
+    let mut rewrote: HashSet<String> = HashSet::new();
     let mut index = IndexBody::default();
     for pack in write_packs(&*backend, &new)? {
+        let key = pack_key(&pack.id);
+        if b.gc_keys.contains(&key) {
+            rewrote.insert(key);
+        }
         stats.packs_written += 1;
         stats.chunks_written += pack.entries.len();
         stats.bytes_written += pack.size;
@@ -589,12 +614,17 @@ fn write_objects(hist: &History, b: &mut RepoLink, stats: &mut SaveStats) -> Res
     let mut new_versions: HashMap<VersionId, ContentHash> = HashMap::new();
     let mut new_parents: Vec<(VersionId, ContentHash, Vec<ContentHash>)> = Vec::new();
     let mut markers_new: Vec<(ContentHash, Vec<ContentHash>, Vec<u8>)> = Vec::new();
+    let mut reused = HashSet::new();
     for v in &todo {
         let mut put_manifest = |name: &str, t: &Tensor| {
             let (bytes, id) = manifest_bytes(name, t)?;
             let absent = !b.manifests.contains(&id)
                 || (!b.gc_keys.is_empty() && b.gc_keys.contains(&manifest_key(&id)));
             if absent && manifests_new.insert(id) {
+                let key = manifest_key(&id);
+                if b.gc_keys.contains(&key) {
+                    rewrote.insert(key);
+                }
                 backend.put(&manifest_key(&id), &bytes)?;
                 stats.manifests_written += 1;
                 stats.bytes_written += bytes.len() as u64;
@@ -605,7 +635,7 @@ fn write_objects(hist: &History, b: &mut RepoLink, stats: &mut SaveStats) -> Res
         // address: the same parents as before, through prune markers written again
         // where a gc took them.
         let original = match b.saved.get(v) {
-            Some(h) => original_parents(hist, b, *h, &mut markers_new)?,
+            Some(h) => original_parents(hist, b, *h, &mut markers_new, &mut reused)?,
             None => None,
         };
         let hash_of = |p: VersionId| b.saved.get(&p).or_else(|| new_versions.get(&p)).copied();
@@ -613,6 +643,9 @@ fn write_objects(hist: &History, b: &mut RepoLink, stats: &mut SaveStats) -> Res
         let seq = b.seqs.get(v).copied().unwrap_or(v.0);
         let (bytes, id, parents) =
             version_object_with(hist, *v, seq, original, hash_of, &mut put_manifest)?;
+        if b.gc_keys.contains(&version_key(&id)) {
+            rewrote.insert(version_key(&id));
+        }
         backend.put(&version_key(&id), &bytes)?;
         stats.versions_written += 1;
         stats.bytes_written += bytes.len() as u64;
@@ -621,6 +654,9 @@ fn write_objects(hist: &History, b: &mut RepoLink, stats: &mut SaveStats) -> Res
     }
 
     for (h, _, bytes) in &markers_new {
+        if b.gc_keys.contains(&pruned_key(h)) {
+            rewrote.insert(pruned_key(h));
+        }
         backend.put(&pruned_key(h), bytes)?;
         stats.bytes_written += bytes.len() as u64;
     }
@@ -652,7 +688,8 @@ fn write_objects(hist: &History, b: &mut RepoLink, stats: &mut SaveStats) -> Res
         b.gone.remove(&version_key(&h));
         b.record_version(v, h, parents);
     }
-    Ok(stats.bytes_written > written_before)
+    rewrote.extend(reused);
+    Ok((stats.bytes_written > written_before, rewrote))
 }
 
 /// Move the refs (create-if-absent entries), then write prune markers and HEAD.

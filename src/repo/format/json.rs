@@ -94,13 +94,29 @@ pub(crate) struct PrunedJson {
     pub(crate) parents: Vec<ContentHash>,
 }
 
-/// `gc/generations/<seq:020>.json`: created by a gc run before it deletes anything.
-/// Readers use only the key (the highest `seq` is the repository's gc generation); the
-/// body is for people and tools.
+/// `gc/generations/<seq:020>.json`: created by a gc run before it deletes anything, and
+/// replaced by the same run with `closed_ns` set when it is done deleting. The highest
+/// `seq` is the repository's gc generation. A save that wrote again an object that a
+/// record named here lists reads the body: until the run closed its entry or passed its
+/// deadline, the run may still delete that object (see `docs/FORMAT.md`, Garbage
+/// collection). Entries written before these fields existed hold only `time_ns`: they
+/// are read as covering every record, with the deadline `time_ns` +
+/// [`DEFAULT_DELETE_WITHIN`](crate::DEFAULT_DELETE_WITHIN).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct GenerationJson {
     /// When the gc run started deleting, in nanoseconds since the Unix epoch.
     pub(crate) time_ns: u64,
+    /// The gc records (keys) whose objects the run may delete.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) records: Option<Vec<String>>,
+    /// The run starts no deletion at or after this time (its clock, nanoseconds since
+    /// the Unix epoch).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) deadline_ns: Option<u64>,
+    /// When the run was done deleting (it deletes nothing after): set when it closes
+    /// its entry, whether it finished, stopped at its deadline or failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) closed_ns: Option<u64>,
 }
 
 pub(crate) fn parse_json<T: for<'de> Deserialize<'de>>(path: &str, bytes: &[u8]) -> Result<T> {
