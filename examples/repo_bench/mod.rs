@@ -19,12 +19,13 @@ use super::timing::{timed, Res};
 use super::{interleave, pick_chunks, Model, Report, TENSORS};
 
 /// The repository rows, in the order the report prints them.
-pub const SCENARIOS: [&str; 8] = [
+pub const SCENARIOS: [&str; 9] = [
     "save_first_vs_safetensors",
     "save_1pct_vs_safetensors",
     "save_background_call_vs_save_1pct",
     "save_background_call_vs_save_dense",
     "commit_save_loop_vs_commit",
+    "commit_save_loop_blocking_vs_background",
     "open_restore_read_vs_load",
     "disk_100v_1pct",
     "heap_8v_dense",
@@ -234,6 +235,8 @@ pub fn run(
     // ---- commit_save_loop_vs_commit: 16 steps of (1% of chunks changed, commit), with
     // a background save after every commit vs without saving. The loop's time is what
     // the caller feels; the wait for the last save after the loop is not timed.
+    // commit_save_loop_blocking_vs_background: the same loop with a blocking save()
+    // after every commit vs with a background save (the three loops interleaved).
     {
         const STEPS: usize = 16;
         let cell = std::cell::RefCell::new((&mut store, 2000usize));
@@ -263,8 +266,20 @@ pub fn run(
             last.ok_or("no save started")?.wait()?;
             Ok(t)
         };
-        let m = interleave(reps, &mut [&mut base, &mut bg])?;
+        let mut blocking = || {
+            let (s, salt) = &mut *cell.borrow_mut();
+            timed(|| {
+                for _ in 0..STEPS {
+                    *salt += 1;
+                    change_and_commit(s, model, 0.01, *salt)?;
+                    s.save()?;
+                }
+                Ok(())
+            })
+        };
+        let m = interleave(reps, &mut [&mut base, &mut bg, &mut blocking])?;
         report.add("commit_save_loop_vs_commit", "ms", m[0], m[1]);
+        report.add("commit_save_loop_blocking_vs_background", "ms", m[2], m[1]);
     }
     drop(store);
 

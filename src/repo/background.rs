@@ -414,7 +414,7 @@ impl Store {
                 .collect();
             let ids: Vec<VersionId> = link.saved.keys().copied().collect();
             self.replace_chunks_in(ids, |c| {
-                if working.contains(&c.addr()) {
+                if c.is_stored() || working.contains(&c.addr()) {
                     return None;
                 }
                 let (raw, stored) = f.evict.get(&c.addr())?;
