@@ -363,3 +363,33 @@ fn a_background_save_of_a_store_without_a_repository_is_an_error() {
     assert!(matches!(r, Err(Error::InvalidArgument { .. })), "{r:?}");
     s.close().unwrap();
 }
+
+#[test]
+fn background_saves_of_two_stores_on_different_branches_race_and_both_land() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = saved_store(Arc::new(MemoryBackend::new()));
+    s.save_as(dir.path()).unwrap();
+    drop(s);
+    let mut a = Store::open_with(dir.path(), config()).unwrap();
+    let mut b = Store::open_with(dir.path(), config()).unwrap();
+    b.branch("exp", b.head().unwrap()).unwrap();
+    b.checkout("exp").unwrap();
+    for round in 0..4 {
+        dense_step(&mut a, round);
+        dense_step(&mut b, 100 + round);
+        let pa = a.save_in_background().unwrap();
+        let pb = b.save_in_background().unwrap();
+        // Both writers run at once; each store goes on meanwhile.
+        dense_step(&mut a, 50 + round);
+        pa.wait().unwrap();
+        pb.wait().unwrap();
+    }
+    a.save().unwrap();
+    let r = Store::open_with(dir.path(), config()).unwrap();
+    r.verify().unwrap();
+    let hash = |s: &Store, name: &str| s.version_hash(s.resolve(name).unwrap()).unwrap();
+    assert_eq!(hash(&r, "main"), hash(&a, "main"));
+    assert_eq!(hash(&r, "exp"), hash(&b, "exp"));
+    a.close().unwrap();
+    b.close().unwrap();
+}
