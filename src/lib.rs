@@ -157,7 +157,7 @@ pub use repo::backend::{
 #[cfg(feature = "object-store-client")]
 pub use repo::backend::{ObjectStoreBackend, ObjectStoreOptions, RequestStats, MIN_PART_SIZE};
 pub use repo::{
-    open_location, parse_object, GcOptions, GcStats, RefreshStats, SaveStats,
+    open_location, parse_object, GcOptions, GcStats, PendingSave, RefreshStats, SaveStats,
     DEFAULT_DELETE_WITHIN, DEFAULT_GC_GRACE,
 };
 pub use retention::{Goal, KeepBest, PruneStats, Retention};

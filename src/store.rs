@@ -34,6 +34,8 @@ pub struct Store {
     /// The repository this store saves to, if any. The one place the core names the
     /// repository layer: everything the store asks of it goes through this link.
     pub(crate) repo: Option<Box<crate::repo::RepoLink>>,
+    /// A background save in flight, or one whose error nobody saw yet.
+    pub(crate) bg: crate::repo::Background,
     /// The background encoding under [`Config::memory_budget`].
     pub(crate) budget: crate::encoded::Budget,
 }
@@ -70,6 +72,7 @@ impl Store {
             working: Vars::new(),
             hist: History::default(),
             repo: None,
+            bg: crate::repo::Background::default(),
             budget: crate::encoded::Budget::default(),
         })
     }
@@ -789,9 +792,10 @@ impl Store {
     /// The saved version whose content address starts with the hex digits `text`, if
     /// this store has a repository (see [`resolve`](Store::resolve)).
     fn saved_with_prefix(&self, text: &str) -> Result<Option<VersionId>> {
-        match &self.repo {
-            Some(b) => b.resolve_prefix(&self.hist, text),
-            None => Ok(None),
+        match (&self.repo, &self.bg.inflight) {
+            (Some(b), _) => b.resolve_prefix(&self.hist, text),
+            (None, Some(f)) => crate::repo::resolve_prefix(&f.saved, &self.hist, text),
+            (None, None) => Ok(None),
         }
     }
 
@@ -928,6 +932,8 @@ impl Store {
         self.hist.redo.clear();
         self.auto_retain();
         self.budget_after_commit();
+        // A background save that ended gives its link back (and its memory) now.
+        self.settle_save(false);
         Ok(id)
     }
 }

@@ -21,6 +21,7 @@ fn handles_are_send_and_sync() {
     assert_send_sync::<ContentHash>();
     assert_send_sync::<VersionId>();
     assert_send_sync::<tensor_history::Error>();
+    assert_send_sync::<tensor_history::PendingSave>();
 }
 
 #[test]

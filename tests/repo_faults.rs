@@ -261,6 +261,70 @@ fn power_loss_between_moved_refs_and_prune_markers_hides_no_version_the_old_refs
     );
 }
 
+/// A background save whose outcome is waited for: the same protocol as `save`, on the
+/// writer thread.
+fn save_in_background(s: &mut Store) -> Result<(), Error> {
+    s.save_in_background()?.wait().map(|_| ())
+}
+
+#[test]
+fn power_loss_during_a_first_background_save_leaves_an_empty_or_the_saved_repository() {
+    crash_everywhere(
+        "first background save",
+        |sim| {
+            // A repository with nothing saved yet: the background save writes all of it.
+            let mut s = Store::with_config(config()).unwrap();
+            s.save_to(sim.clone()).unwrap();
+            let b = base_store();
+            for name in b.names() {
+                s.insert_tensor(&name, b.tensor(&name).unwrap().clone())
+                    .unwrap();
+            }
+            s.commit("init").unwrap();
+            s.tag("t0", s.head().unwrap()).unwrap();
+            s
+        },
+        |s, _| save_in_background(s),
+    );
+}
+
+#[test]
+fn power_loss_during_a_sparse_background_save_leaves_the_previous_or_the_new_save() {
+    crash_everywhere(
+        "sparse background save",
+        |sim| {
+            let mut s = saved_store(sim);
+            s.update_range::<f32>("w", 100..101, |_, xs| xs[0] = -1.0)
+                .unwrap();
+            s.commit("sparse").unwrap();
+            s.branch("other", s.head().unwrap()).unwrap();
+            s
+        },
+        |s, _| save_in_background(s),
+    );
+}
+
+#[test]
+fn power_loss_during_a_background_save_after_prune_leaves_the_previous_or_the_new_save() {
+    crash_everywhere(
+        "background save after prune and a commit",
+        |sim| {
+            let mut s = saved_store(sim);
+            for i in 0..4 {
+                s.update::<f32>("w", |_, xs| xs[1] = i as f32).unwrap();
+                s.commit(&format!("more {i}")).unwrap();
+            }
+            s.save().unwrap();
+            s.delete_tag("t0").unwrap();
+            s.prune(&Retention::keep_last(1)).unwrap();
+            s.update::<f32>("w", |_, xs| xs[2] = -2.0).unwrap();
+            s.commit("after prune").unwrap();
+            s
+        },
+        |s, _| save_in_background(s),
+    );
+}
+
 #[test]
 fn power_loss_during_gc_keeps_the_saved_repository() {
     crash_everywhere(

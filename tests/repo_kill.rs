@@ -1,5 +1,6 @@
-//! Process kill: a child process saves in a loop to a local repository and is killed
-//! with SIGKILL at random points. Reopening always succeeds, verifies, and holds every
+//! Process kill: a child process saves in a loop to a local repository (with `save`, or
+//! with `save_in_background` while it commits the next step) and is killed with SIGKILL
+//! at random points. Reopening always succeeds, verifies, and holds every
 //! save the child reported as done, with the right data.
 //!
 //! The child is this test binary itself, run with `--ignored --exact` on
@@ -13,9 +14,11 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use ndarray::Array1;
-use tensor_history::{Config, GcOptions, Retention, Store};
+use tensor_history::{Config, GcOptions, PendingSave, Retention, Store, VersionId};
 
 const DIR_VAR: &str = "TENSOR_HISTORY_KILL_TEST_DIR";
+/// Set (to anything) for a child that saves in the background.
+const BACKGROUND_VAR: &str = "TENSOR_HISTORY_KILL_TEST_BACKGROUND";
 /// Elements of the tensor `w`: 64 Ki f32 = 256 KiB in 16 chunks of 16 KiB.
 const LEN: usize = 1 << 16;
 const CHUNK_BYTES: usize = 16 << 10;
@@ -68,7 +71,9 @@ fn check_version(store: &Store, refname: &str) -> u64 {
 
 /// Run by the parent as a child process: open the repository, continue from its HEAD,
 /// and save a step at a time, reporting each save on stdout once `save` returned. Every
-/// seventh step it also prunes to the last three versions and collects garbage.
+/// seventh step it also prunes to the last three versions and collects garbage. With
+/// [`BACKGROUND_VAR`] set, each step's save runs in the background while the next step
+/// is computed and committed, and is reported once `wait` returned.
 #[test]
 #[ignore = "the child process of `saves_reported_before_a_kill_survive_it`"]
 fn child_saves_in_a_loop() {
@@ -93,6 +98,8 @@ fn child_saves_in_a_loop() {
             0
         }
     };
+    let background = std::env::var_os(BACKGROUND_VAR).is_some();
+    let mut pending: Option<(u64, VersionId, PendingSave)> = None;
     for _ in 0..CHILD_STEPS {
         step += 1;
         let c = (step % CHUNKS as u64) as usize;
@@ -104,6 +111,17 @@ fn child_saves_in_a_loop() {
         let id = store.commit(&format!("step {step}")).unwrap();
         if step % 7 == 0 {
             store.prune(&Retention::keep_last(3)).unwrap();
+        }
+        if background {
+            if let Some((s, v, p)) = pending.take() {
+                p.wait().unwrap();
+                println!("saved {s} {}", store.version_hash(v).unwrap());
+            }
+            if step % 7 == 0 {
+                store.gc_with(&GcOptions::immediate()).unwrap();
+            }
+            pending = Some((step, id, store.save_in_background().unwrap()));
+            continue;
         }
         store.save().unwrap();
         if step % 7 == 0 {
@@ -126,8 +144,12 @@ impl Rng {
 }
 
 /// One child run, killed after `after`; returns the (step, version hash) it reported.
-fn run_child(dir: &Path, after: Duration) -> Vec<(u64, String)> {
-    let mut child = Command::new(std::env::current_exe().unwrap())
+fn run_child(dir: &Path, after: Duration, background: bool) -> Vec<(u64, String)> {
+    let mut command = Command::new(std::env::current_exe().unwrap());
+    if background {
+        command.env(BACKGROUND_VAR, "1");
+    }
+    let mut child = command
         .args([
             "child_saves_in_a_loop",
             "--exact",
@@ -165,6 +187,19 @@ fn run_child(dir: &Path, after: Duration) -> Vec<(u64, String)> {
 
 #[test]
 fn saves_reported_before_a_kill_survive_it() {
+    kill_children(false);
+}
+
+#[test]
+fn background_saves_reported_before_a_kill_survive_it() {
+    kill_children(true);
+}
+
+/// Kill children at random points (saving in the background or not) and check what
+/// each left. One test's children at a time: their time budget is not shared.
+fn kill_children(background: bool) {
+    static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
     let dir = tempfile::tempdir().unwrap();
     let seed = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -180,7 +215,7 @@ fn saves_reported_before_a_kill_survive_it() {
     // milliseconds to start before it saves, more on a loaded machine.
     while kills < 10 && start.elapsed() < Duration::from_secs(8) {
         let after = Duration::from_millis(100 + rng.below(500));
-        let reported = run_child(dir.path(), after);
+        let reported = run_child(dir.path(), after, background);
         kills += 1;
         total_reported += reported.len();
         let store = Store::open_with(dir.path(), config())

@@ -20,7 +20,8 @@ use std::sync::Arc;
 use proptest::prelude::*;
 use proptest::test_runner::FileFailurePersistence;
 use tensor_history::{
-    Backend, Config, ContentHash, Error, GcOptions, MemoryBackend, Meta, Ref, Store,
+    Backend, Config, ContentHash, Error, GcOptions, MemoryBackend, Meta, PendingSave, Ref,
+    SaveStats, Store,
 };
 
 use model::driver::{agree, apply, check, Fingerprint, Op, LOSSES, SETUP, SHAPES, STRATEGIES};
@@ -29,15 +30,16 @@ use model::{vid, MHead, MNode, MVars, Model, CHUNK_BYTES, VALUES};
 thread_local! {
     /// Counts of what the runs on this thread did: saves, conflicting saves, reopens, gc
     /// runs, saves by the second store, refreshes that loaded versions, sequences run, gc
-    /// runs by a second store.
-    static COUNTS: std::cell::RefCell<[usize; 8]> = const { std::cell::RefCell::new([0; 8]) };
+    /// runs by a second store, background saves, background conflicts reported by a
+    /// later call.
+    static COUNTS: std::cell::RefCell<[usize; 10]> = const { std::cell::RefCell::new([0; 10]) };
 }
 
 fn count(what: usize) {
     COUNTS.with(|c| c.borrow_mut()[what] += 1);
 }
 
-fn counts() -> [usize; 8] {
+fn counts() -> [usize; 10] {
     COUNTS.with(|c| *c.borrow())
 }
 
@@ -98,6 +100,24 @@ struct Side {
     head_seen: Option<HeadFile>,
     /// The prune markers it knows (read at open, refresh and gc, or written).
     markers: HashMap<ContentHash, Vec<ContentHash>>,
+    /// A background save in flight.
+    inflight: Option<InFlight>,
+    /// The conflict of a background save that nobody waited for: the next `save`,
+    /// `save_in_background` or `refresh` must report it (naming this branch) and change
+    /// nothing.
+    owed: Option<String>,
+}
+
+/// A background save started and not yet checked against the model.
+struct InFlight {
+    pending: PendingSave,
+    /// The model and the content addresses of the versions the save writes, as they
+    /// were when it started.
+    model: Model,
+    hashes: BTreeMap<u64, ContentHash>,
+    /// Whether the test waits for it (else it drops the handle, where the next step lets
+    /// the store report its error).
+    wait: bool,
 }
 
 fn config() -> Config {
@@ -282,6 +302,8 @@ impl Side {
             seen: repo.refs.clone(),
             markers: repo.pruned.clone(),
             head_seen: repo.head.clone(),
+            inflight: None,
+            owed: None,
         };
         side.check_hashes()?;
         check(&side.store, &side.model)?;
@@ -299,24 +321,143 @@ impl Side {
         Ok(())
     }
 
+    /// The content addresses of the versions a save of `model` writes.
+    fn hashes_of(&self, model: &Model) -> Result<BTreeMap<u64, ContentHash>, TestCaseError> {
+        reachable(model)
+            .into_iter()
+            .map(|id| {
+                let h = self.store.version_hash(vid(id));
+                h.map(|h| (id, h))
+                    .map_err(|e| TestCaseError::fail(format!("v{id} unsaved: {e}")))
+            })
+            .collect()
+    }
+
+    /// A conflict owed by a background save nobody waited for: `call` must report it
+    /// and change nothing.
+    fn pay_owed<T: std::fmt::Debug>(
+        &mut self,
+        call: impl FnOnce(&mut Store) -> Result<T, Error>,
+    ) -> Result<(), TestCaseError> {
+        let Some(want) = self.owed.take() else {
+            return Ok(());
+        };
+        let before = Fingerprint::of(&self.store).without_pool();
+        let got = call(&mut self.store);
+        prop_assert!(
+            matches!(&got, Err(Error::BranchMoved { branch, .. }) if *branch == want),
+            "the unreported conflict on {}: {:?}",
+            want,
+            got
+        );
+        prop_assert_eq!(
+            Fingerprint::of(&self.store).without_pool(),
+            before,
+            "reporting an earlier error changed the store"
+        );
+        count(9);
+        Ok(())
+    }
+
+    /// Start a background save (after the one in flight is checked).
+    fn save_in_background(&mut self, repo: &mut Repo, wait: bool) -> Result<(), TestCaseError> {
+        self.settle(repo, true)?;
+        self.pay_owed(|s| s.save_in_background())?;
+        let model = self.model.clone();
+        let hashes = self.hashes_of(&model)?;
+        let pending = self
+            .store
+            .save_in_background()
+            .map_err(|e| TestCaseError::fail(format!("save_in_background: {e}")))?;
+        self.inflight = Some(InFlight {
+            pending,
+            model,
+            hashes,
+            wait,
+        });
+        count(8);
+        Ok(())
+    }
+
+    /// Check the background save in flight against the model: wait for it, or (if the
+    /// test drops its handle and `may_drop`) leave its error to the next call.
+    fn settle(&mut self, repo: &mut Repo, may_drop: bool) -> Result<(), TestCaseError> {
+        let Some(f) = self.inflight.take() else {
+            return Ok(());
+        };
+        let got = if f.wait || !may_drop {
+            Some(f.pending.wait())
+        } else {
+            drop(f.pending);
+            None
+        };
+        let conflicts = self.predict_save(repo, &f.model, &f.hashes)?;
+        match (got, conflicts.first()) {
+            (Some(Ok(_)), None) | (None, None) => {}
+            (Some(Err(Error::BranchMoved { branch, .. })), Some(want)) => {
+                prop_assert_eq!(&branch, want);
+            }
+            (None, Some(want)) => self.owed = Some(want.clone()),
+            (got, want) => prop_assert!(
+                false,
+                "background save: {:?}, model conflicts {:?}",
+                got,
+                want
+            ),
+        }
+        self.check_hashes()?;
+        check(&self.store, &self.model)?;
+        count(usize::from(!conflicts.is_empty()));
+        Ok(())
+    }
+
     /// `save`, predicted from the repository model; updates both.
     fn save(&mut self, repo: &mut Repo, backend: &Arc<dyn Backend>) -> Result<bool, TestCaseError> {
+        self.settle(repo, true)?;
+        self.pay_owed(|s| s.save())?;
         let before = Fingerprint::of(&self.store);
-        let got = if self.store.location().is_some() {
+        let got: Result<SaveStats, Error> = if self.store.location().is_some() {
             self.store.save()
         } else {
             self.store.save_to(backend.clone())
         };
+        let model = self.model.clone();
+        let hashes = self.hashes_of(&model)?;
+        let conflicts = self.predict_save(repo, &model, &hashes)?;
+        match (got, conflicts.first()) {
+            (Ok(_), None) => {}
+            (Err(Error::BranchMoved { branch, .. }), Some(want)) => {
+                prop_assert_eq!(&branch, want);
+                prop_assert_eq!(
+                    &Fingerprint::of(&self.store).without_pool(),
+                    &before.without_pool(),
+                    "a conflicting save changed the store"
+                );
+            }
+            (got, want) => prop_assert!(false, "save: {:?}, model conflicts {:?}", got, want),
+        }
+        self.check_hashes()?;
+        check(&self.store, &self.model)?;
+        count(usize::from(!conflicts.is_empty()));
+        Ok(conflicts.is_empty())
+    }
+
+    /// What a save of `model` (whose reachable versions have content addresses
+    /// `hashes`) writes, applied to the repository model and to what this store saw;
+    /// returns the refs it reports as conflicts.
+    fn predict_save(
+        &mut self,
+        repo: &mut Repo,
+        model: &Model,
+        hashes: &BTreeMap<u64, ContentHash>,
+    ) -> Result<Vec<String>, TestCaseError> {
         // Versions: every one reachable from a ref or HEAD.
-        for id in reachable(&self.model) {
-            let h = self
-                .store
-                .version_hash(vid(id))
-                .map_err(|e| TestCaseError::fail(format!("v{id} unsaved: {e}")))?;
+        for id in reachable(model) {
+            let h = hashes[&id];
             if let Some(old) = self.hashes.insert(id, h) {
                 prop_assert_eq!(old, h, "v{} changed its content address", id);
             }
-            let node = self.model.node(id).unwrap();
+            let node = model.node(id).unwrap();
             let parents = node.parents.iter().map(|p| self.hashes[p]).collect();
             repo.versions.entry(h).or_insert_with(|| Saved {
                 parents,
@@ -328,13 +469,13 @@ impl Side {
         }
         // Refs: create-if-absent after the entry seen; fast-forwards go on.
         let ids = inverse(&self.hashes);
-        let mut names: Vec<String> = self.model.refs.keys().cloned().collect();
+        let mut names: Vec<String> = model.refs.keys().cloned().collect();
         names.extend(self.seen.keys().cloned());
         names.sort();
         names.dedup();
         let mut conflicts = Vec::new();
         for name in names {
-            let want = ref_state(self.model.refs.get(&name), &self.hashes);
+            let want = ref_state(model.refs.get(&name), &self.hashes);
             let seen = self.seen.get(&name).cloned();
             if seen.as_ref().map_or(want.is_none(), |(_, s)| *s == want) {
                 continue;
@@ -352,7 +493,7 @@ impl Side {
                     let ff = match (theirs, want) {
                         (Some((tb, Some(t))), Some((wb, Some(w)))) if tb == wb => ids
                             .get(&t)
-                            .is_some_and(|t| self.model.ancestors(ids[&w]).contains(t)),
+                            .is_some_and(|t| model.ancestors(ids[&w]).contains(t)),
                         _ => false,
                     };
                     if ff {
@@ -391,7 +532,7 @@ impl Side {
         }
         if let Some(theirs_reach) = theirs_reach {
             for (id, h) in &self.hashes {
-                if self.model.node(*id).is_err()
+                if model.node(*id).is_err()
                     && !self.markers.contains_key(h)
                     && !theirs_reach.contains(h)
                 {
@@ -401,7 +542,7 @@ impl Side {
                 }
             }
         }
-        let head = match &self.model.head {
+        let head = match &model.head {
             MHead::Branch(n) => HeadFile::Branch(n.clone()),
             MHead::Detached(v) => HeadFile::Detached(self.hashes[v]),
         };
@@ -410,26 +551,13 @@ impl Side {
             repo.head = Some(head.clone());
             self.head_seen = Some(head);
         }
-        match (got, conflicts.first()) {
-            (Ok(_), None) => {}
-            (Err(Error::BranchMoved { branch, .. }), Some(want)) => {
-                prop_assert_eq!(&branch, want);
-                prop_assert_eq!(
-                    &Fingerprint::of(&self.store).without_pool(),
-                    &before.without_pool(),
-                    "a conflicting save changed the store"
-                );
-            }
-            (got, want) => prop_assert!(false, "save: {:?}, model conflicts {:?}", got, want),
-        }
-        self.check_hashes()?;
-        check(&self.store, &self.model)?;
-        count(usize::from(!conflicts.is_empty()));
-        Ok(conflicts.is_empty())
+        Ok(conflicts)
     }
 
     /// `refresh`, predicted from the repository model.
-    fn refresh(&mut self, repo: &Repo) -> Result<(), TestCaseError> {
+    fn refresh(&mut self, repo: &mut Repo) -> Result<(), TestCaseError> {
+        self.settle(repo, true)?;
+        self.pay_owed(|s| s.refresh())?;
         let changed: Vec<(String, (u64, RefState))> = repo
             .refs
             .iter()
@@ -610,6 +738,12 @@ enum Step {
         val: usize,
     },
     Refresh,
+    /// `save_in_background`; core steps run while it does. The test waits for it at
+    /// the next step that touches the repository, or (`wait` false) drops its handle and
+    /// lets that step's call report its error.
+    BgSave {
+        wait: bool,
+    },
 }
 
 fn run(steps: &[Step]) -> Result<(), TestCaseError> {
@@ -622,6 +756,8 @@ fn run(steps: &[Step]) -> Result<(), TestCaseError> {
         seen: BTreeMap::new(),
         head_seen: None,
         markers: HashMap::new(),
+        inflight: None,
+        owed: None,
     };
     let setup = SETUP.into_iter().chain([Op::Commit { loss: 1 }]);
     let all: Vec<Step> = setup.map(Step::Core).chain(steps.iter().cloned()).collect();
@@ -647,12 +783,19 @@ fn run(steps: &[Step]) -> Result<(), TestCaseError> {
             Step::Save => {
                 a.save(&mut repo, &backend)?;
             }
+            Step::BgSave { wait } if bound => a.save_in_background(&mut repo, *wait)?,
             Step::Reopen if bound => {
+                // Dropping the store waits for its background save.
+                if let Some(f) = &mut a.inflight {
+                    f.wait = false;
+                }
+                a.settle(&mut repo, true)?;
                 drop(std::mem::replace(&mut a.store, Store::new()));
                 a = Side::open(&repo, &backend)?;
                 count(2);
             }
             Step::OtherGc if bound => {
+                a.settle(&mut repo, false)?;
                 prune_unreachable(&mut a, n)?;
                 // After a conflict the repository's refs reach less than this store
                 // holds, and the gc would take chunks this store reads back.
@@ -668,6 +811,7 @@ fn run(steps: &[Step]) -> Result<(), TestCaseError> {
                 }
             }
             Step::PruneSaveGc if bound => {
+                a.settle(&mut repo, false)?;
                 prune_unreachable(&mut a, n)?;
                 if a.save(&mut repo, &backend)? {
                     a.store
@@ -684,6 +828,7 @@ fn run(steps: &[Step]) -> Result<(), TestCaseError> {
                 start,
                 val,
             } if bound => {
+                a.settle(&mut repo, false)?;
                 let mut b = Side::open(&repo, &backend)?;
                 let branch = if *shared { "dev" } else { "other" };
                 let Some(head) = b.model.head_id() else {
@@ -714,13 +859,20 @@ fn run(steps: &[Step]) -> Result<(), TestCaseError> {
                 );
                 count(4);
             }
-            Step::Refresh if bound => a.refresh(&repo)?,
+            Step::Refresh if bound => a.refresh(&mut repo)?,
             Step::Reopen
             | Step::PruneSaveGc
             | Step::OtherGc
             | Step::Other { .. }
-            | Step::Refresh => {}
+            | Step::Refresh
+            | Step::BgSave { .. } => {}
         }
+    }
+    a.settle(&mut repo, false)?;
+    if a.store.location().is_some() {
+        // Everything the store saved (in the background too) reopens as the model says.
+        drop(std::mem::replace(&mut a.store, Store::new()));
+        Side::open(&repo, &backend)?;
     }
     count(6);
     Ok(())
@@ -771,6 +923,7 @@ fn step() -> impl Strategy<Value = Step> {
         2 => (any::<bool>(), 0..2usize, 0..64usize, 1..VALUES.len())
             .prop_map(|(shared, name, start, val)| Step::Other { shared, name, start, val }),
         2 => Just(Step::Refresh),
+        3 => any::<bool>().prop_map(|wait| Step::BgSave { wait }),
     ]
 }
 
@@ -794,9 +947,10 @@ proptest! {
 fn report() {
     let c = counts();
     eprintln!(
-        "{} sequences passed: {} saves, {} conflicting saves, {} reopens, {} gc runs, {} saves \
-         by a second store, {} refreshes that loaded versions, {} gc runs by a second store",
-        c[6], c[0], c[1], c[2], c[3], c[4], c[5], c[7]
+        "{} sequences passed: {} saves ({} in the background), {} conflicting saves, {} reopens, \
+         {} gc runs, {} saves by a second store, {} refreshes that loaded versions, {} gc runs \
+         by a second store, {} background conflicts reported by a later call",
+        c[6], c[0], c[8], c[1], c[2], c[3], c[4], c[5], c[7], c[9]
     );
 }
 

@@ -19,9 +19,13 @@ use super::timing::{timed, Res};
 use super::{dense_step, interleave, pick_chunks, Model, Report, TENSORS};
 
 /// The repository rows, in the order the report prints them.
-pub const SCENARIOS: [&str; 7] = [
+pub const SCENARIOS: [&str; 11] = [
     "save_first_vs_safetensors",
     "save_1pct_vs_safetensors",
+    "save_background_call_vs_save_1pct",
+    "save_background_call_vs_save_dense",
+    "commit_save_loop_vs_commit",
+    "commit_save_loop_blocking_vs_background",
     "open_restore_read_vs_load",
     "disk_100v_1pct",
     "heap_8v_dense",
@@ -184,6 +188,100 @@ pub fn run(
         };
         let m = interleave(reps, &mut [&mut base, &mut st])?;
         report.add("save_1pct_vs_safetensors", "ms", m[0], m[1]);
+    }
+
+    // ---- save_background_call_vs_save_*: the time save() takes vs the time
+    // save_in_background() blocks the caller, after the same change (1% of chunks, or
+    // every chunk). Changes, commits and the wait for the background save are not timed;
+    // the background call includes taking back the previous save's result.
+    // Every dense run writes the whole model again: at most 5 runs per side keep the
+    // repository within 12 model sizes.
+    for (row, share, runs) in [
+        ("save_background_call_vs_save_1pct", 0.01, reps),
+        ("save_background_call_vs_save_dense", 1.0, reps.min(5)),
+    ] {
+        let mut salt = 1000;
+        let mut change = |store: &mut Store| -> Res<()> {
+            salt += 1;
+            if share >= 1.0 {
+                for name in &model.names {
+                    store.update_map::<f32>(name, |x| x + 1.0)?;
+                }
+                store.commit(&format!("dense {salt}"))?;
+                Ok(())
+            } else {
+                change_and_commit(store, model, share, salt)
+            }
+        };
+        let cell = std::cell::RefCell::new((&mut store, &mut change));
+        let mut base = || {
+            let (s, c) = &mut *cell.borrow_mut();
+            c(s)?;
+            timed(|| Ok(s.save()?))
+        };
+        let mut bg = || {
+            let (s, c) = &mut *cell.borrow_mut();
+            c(s)?;
+            let mut pending = None;
+            let t = timed(|| {
+                pending = Some(s.save_in_background()?);
+                Ok(())
+            })?;
+            pending.ok_or("no save started")?.wait()?;
+            Ok(t)
+        };
+        let m = interleave(runs, &mut [&mut base, &mut bg])?;
+        report.add(row, "ms", m[0], m[1]);
+    }
+
+    // ---- commit_save_loop_vs_commit: 16 steps of (1% of chunks changed, commit), with
+    // a background save after every commit vs without saving. The loop's time is what
+    // the caller feels; the wait for the last save after the loop is not timed.
+    // commit_save_loop_blocking_vs_background: the same loop with a blocking save()
+    // after every commit vs with a background save (the three loops interleaved).
+    {
+        const STEPS: usize = 16;
+        let cell = std::cell::RefCell::new((&mut store, 2000usize));
+        let mut base = || {
+            let (s, salt) = &mut *cell.borrow_mut();
+            let t = timed(|| {
+                for _ in 0..STEPS {
+                    *salt += 1;
+                    change_and_commit(s, model, 0.01, *salt)?;
+                }
+                Ok(())
+            })?;
+            s.save()?;
+            Ok(t)
+        };
+        let mut bg = || {
+            let (s, salt) = &mut *cell.borrow_mut();
+            let mut last = None;
+            let t = timed(|| {
+                for _ in 0..STEPS {
+                    *salt += 1;
+                    change_and_commit(s, model, 0.01, *salt)?;
+                    last = Some(s.save_in_background()?);
+                }
+                Ok(())
+            })?;
+            last.ok_or("no save started")?.wait()?;
+            Ok(t)
+        };
+        let mut blocking = || {
+            let (s, salt) = &mut *cell.borrow_mut();
+            timed(|| {
+                for _ in 0..STEPS {
+                    *salt += 1;
+                    change_and_commit(s, model, 0.01, *salt)?;
+                    s.save()?;
+                }
+                Ok(())
+            })
+        };
+        let m = interleave(reps, &mut [&mut base, &mut bg, &mut blocking])?;
+        report.add("commit_save_loop_vs_commit", "ms", m[0], m[1]);
+        report.add("commit_save_loop_blocking_vs_background", "ms", m[2], m[1]);
     }
     drop(store);
 

@@ -232,6 +232,7 @@ impl Store {
     /// [`Error::CorruptObject`] if an object a saved ref reaches is damaged or missing
     /// (nothing is deleted then).
     pub fn gc_with(&mut self, options: &GcOptions) -> Result<GcStats> {
+        self.settle_save(true);
         let mut b = self.repo.take().ok_or_else(|| Error::InvalidArgument {
             reason: "this store has no repository".into(),
         })?;

@@ -133,25 +133,34 @@ impl RepoLink {
     /// among versions saved or loaded and still live in `hist`; `None` if `text` is not
     /// such a prefix of any.
     pub(crate) fn resolve_prefix(&self, hist: &History, text: &str) -> Result<Option<VersionId>> {
-        if text.len() < 4 || text.len() > 64 || !text.bytes().all(|c| c.is_ascii_hexdigit()) {
-            return Ok(None);
-        }
-        let want = text.to_ascii_lowercase();
-        let mut found: Vec<VersionId> = self
-            .saved
-            .iter()
-            .filter(|(id, h)| hist.node(**id).is_ok() && h.to_string().starts_with(&want))
-            .map(|(id, _)| *id)
-            .collect();
-        found.sort_unstable();
-        match found.len() {
-            0 => Ok(None),
-            1 => Ok(Some(found[0])),
-            n => Err(Error::AmbiguousRef {
-                prefix: text.to_owned(),
-                matches: n,
-            }),
-        }
+        resolve_prefix(&self.saved, hist, text)
+    }
+}
+
+/// The version of `saved` whose content address starts with the hex digits `text` (see
+/// [`RepoLink::resolve_prefix`]).
+pub(crate) fn resolve_prefix(
+    saved: &HashMap<VersionId, ContentHash>,
+    hist: &History,
+    text: &str,
+) -> Result<Option<VersionId>> {
+    if text.len() < 4 || text.len() > 64 || !text.bytes().all(|c| c.is_ascii_hexdigit()) {
+        return Ok(None);
+    }
+    let want = text.to_ascii_lowercase();
+    let mut found: Vec<VersionId> = saved
+        .iter()
+        .filter(|(id, h)| hist.node(**id).is_ok() && h.to_string().starts_with(&want))
+        .map(|(id, _)| *id)
+        .collect();
+    found.sort_unstable();
+    match found.len() {
+        0 => Ok(None),
+        1 => Ok(Some(found[0])),
+        n => Err(Error::AmbiguousRef {
+            prefix: text.to_owned(),
+            matches: n,
+        }),
     }
 }
 
@@ -160,12 +169,20 @@ impl Store {
     /// repository). O(1).
     #[must_use]
     pub fn location(&self) -> Option<&str> {
-        self.repo.as_ref().map(|b| b.location.as_str())
+        match (&self.repo, &self.bg.inflight) {
+            (Some(b), _) => Some(b.location.as_str()),
+            (None, Some(f)) => Some(f.location.as_str()),
+            (None, None) => None,
+        }
     }
 
     /// The backend this store saves to (`None` without a repository). O(1).
     #[must_use]
     pub fn backend(&self) -> Option<Arc<dyn Backend>> {
-        self.repo.as_ref().map(|b| b.backend.clone())
+        match (&self.repo, &self.bg.inflight) {
+            (Some(b), _) => Some(b.backend.clone()),
+            (None, Some(f)) => Some(f.backend.clone()),
+            (None, None) => None,
+        }
     }
 }

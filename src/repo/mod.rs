@@ -19,11 +19,13 @@
 //! | `object.rs` | any object parsed from its key (fuzzing, tools) |
 //! | `format/` | the envelope, the wire reader, object bodies, keys, JSON files |
 //! | `open.rs`, `save.rs`, `gc.rs`, `generation.rs` | the protocols: open and refresh, save, gc, gc generations |
+//! | `background.rs` | [`PendingSave`]: the save protocol on a writer thread, and what the store takes back |
 //! | `backend/` | the storage trait and its implementations |
 //!
 //! `docs/FORMAT.md` describes the layout and the protocols.
 
 pub(crate) mod backend;
+mod background;
 mod chunks;
 mod format;
 mod gc;
@@ -37,9 +39,11 @@ mod refs;
 mod save;
 
 pub use backend::open_location;
+pub(crate) use background::Background;
+pub use background::PendingSave;
 pub(crate) use chunks::RepoChunks;
 pub use gc::{GcOptions, GcStats, DEFAULT_DELETE_WITHIN, DEFAULT_GC_GRACE};
-pub(crate) use link::RepoLink;
+pub(crate) use link::{resolve_prefix, RepoLink};
 pub use object::parse_object;
 pub use open::RefreshStats;
 pub use save::SaveStats;

@@ -532,6 +532,8 @@ impl Store {
     /// [`Error::InvalidArgument`] without a repository; [`Error::Io`],
     /// [`Error::CorruptObject`]. Nothing changes on error.
     pub fn refresh(&mut self) -> Result<RefreshStats> {
+        self.settle_save(true);
+        self.take_unreported()?;
         let mut b = self.repo.take().ok_or_else(|| Error::InvalidArgument {
             reason: "this store has no repository".into(),
         })?;

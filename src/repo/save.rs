@@ -231,7 +231,7 @@ pub(crate) struct Saved {
 
 impl Saved {
     /// The stats, or the first conflict, or the first ref error.
-    fn into_result(self) -> Result<SaveStats> {
+    pub(crate) fn into_result(self) -> Result<SaveStats> {
         match (self.conflicts.into_iter().next(), self.ref_error) {
             (Some((branch, theirs)), _) => Err(Error::BranchMoved { branch, theirs }),
             (None, Some(e)) => Err(e),
@@ -340,10 +340,12 @@ impl Store {
     /// [`Error::RepositoryReplaced`] if the repository was deleted or replaced by another
     /// one since this store connected (no ref is written).
     pub fn save(&mut self) -> Result<SaveStats> {
+        self.settle_save(true);
+        self.take_unreported()?;
         let mut bound = self.repo.take().ok_or_else(|| Error::InvalidArgument {
             reason: "this store has no repository: use save_as or open".into(),
         })?;
-        let result = save_into(&mut self.hist, &mut bound, None);
+        let result = save_into(&mut self.hist, &mut bound, None, &mut Vec::new());
         if result.is_ok() {
             self.evict(&bound);
         }
@@ -386,6 +388,8 @@ impl Store {
     ///
     /// As for [`save_as`](Store::save_as).
     pub fn save_to(&mut self, backend: Arc<dyn Backend>) -> Result<SaveStats> {
+        self.settle_save(true);
+        self.take_unreported()?;
         let mut bound = Box::new(RepoLink::connect(backend)?);
         if let Some(old) = &self.repo {
             bound.seqs.clone_from(&old.seqs);
@@ -400,7 +404,7 @@ impl Store {
         let unseen = take_unseen_refs(&mut bound);
         // An error here (a ref of the repository that this save would overwrite, found
         // before any ref was written, included) leaves the store bound where it was.
-        let saved = save_into(&mut self.hist, &mut bound, Some(&unseen))?;
+        let saved = save_into(&mut self.hist, &mut bound, Some(&unseen), &mut Vec::new())?;
         match saved.into_result() {
             // A conflict or a ref name too long found while writing the refs comes after
             // every other ref was saved: the store is bound to the new repository.
@@ -427,11 +431,12 @@ impl Store {
     /// [`Error::UnknownVersion`], [`Error::PrunedVersion`].
     pub fn version_hash(&self, id: VersionId) -> Result<ContentHash> {
         self.hist.node(id)?;
-        let mut known: HashMap<VersionId, ContentHash> = self
-            .repo
-            .as_ref()
-            .map(|b| b.saved.clone())
-            .unwrap_or_default();
+        // While a background save runs, the versions saved before it.
+        let mut known: HashMap<VersionId, ContentHash> = match (&self.repo, &self.bg.inflight) {
+            (Some(b), _) => b.saved.clone(),
+            (None, Some(f)) => f.saved.clone(),
+            (None, None) => HashMap::new(),
+        };
         if let Some(h) = known.get(&id) {
             return Ok(*h);
         }
@@ -492,13 +497,15 @@ impl Store {
 /// Times a save writes its objects again because a gc deleted objects while it wrote.
 const MAX_SAVE_ROUNDS: usize = 4;
 
-/// The save protocol proper; `b` is updated with what became durable.
+/// The save protocol proper; `b` is updated with what became durable, and the versions
+/// forgotten in `hist` (collected by another process's gc) are added to `forgotten`.
 /// `unseen`: for a save onto a repository the store was not bound to, the refs there
 /// it did not see (see [`take_unseen_refs`]), checked before any ref is written.
-fn save_into(
+pub(crate) fn save_into(
     hist: &mut History,
     b: &mut RepoLink,
     unseen: Option<&BTreeMap<String, (u64, RefEntry)>>,
+    forgotten: &mut Vec<VersionId>,
 ) -> Result<Saved> {
     let mut stats = SaveStats::default();
     let mut round = 0;
@@ -515,7 +522,7 @@ fn save_into(
         b.catch_up()?;
         // Versions another process pruned and a gc collected are forgotten here too,
         // not written again.
-        forget_collected(hist, b);
+        forgotten.extend(forget_collected(hist, b));
         let (wrote, rewrote) = write_objects(hist, b, &mut stats)?;
         // A gc run that started deleting since the catch-up (a new generation), or that
         // finished a run started before it (a record gone), may have deleted objects

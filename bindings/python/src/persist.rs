@@ -5,10 +5,15 @@
 //! `version_hash`) are in `store.rs`.
 
 use std::path::Path;
+use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use pyo3::prelude::*;
-use tensor_history::{Config, Error, GcOptions, GcStats, RefreshStats, SaveStats, Store};
+use tensor_history::{
+    Config, Error, GcOptions, GcStats, PendingSave, RefreshStats, SaveStats, Store,
+};
+
+use crate::errors::OrPy;
 
 use crate::types::PyVersion;
 
@@ -59,6 +64,60 @@ impl PySaveStats {
             self.manifests_written,
             self.refs_written,
             self.bytes_written
+        )
+    }
+}
+
+/// A save running on a writer thread, returned by `Store.save(background=True)`.
+#[pyclass(frozen, module = "tensor_history", name = "PendingSave")]
+pub(crate) struct PyPendingSave {
+    state: Mutex<Pending>,
+}
+
+enum Pending {
+    Running(PendingSave),
+    Ended(Result<SaveStats, Error>),
+}
+
+impl PyPendingSave {
+    pub(crate) fn new(p: PendingSave) -> PyPendingSave {
+        PyPendingSave {
+            state: Mutex::new(Pending::Running(p)),
+        }
+    }
+}
+
+#[pymethods]
+impl PyPendingSave {
+    /// Block until the save ended (GIL released) and return its `SaveStats`, or raise its
+    /// error (`StorageError`, `BranchMoved`, ...). Waiting again gives the same outcome.
+    fn wait(&self, py: Python<'_>) -> PyResult<PySaveStats> {
+        let outcome = py.detach(|| {
+            let mut g = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+            let ended = match std::mem::replace(&mut *g, Pending::Ended(Ok(SaveStats::default()))) {
+                Pending::Running(p) => p.wait(),
+                Pending::Ended(r) => r,
+            };
+            *g = Pending::Ended(ended.clone());
+            ended
+        });
+        outcome.or_py().map(Into::into)
+    }
+
+    /// Whether the save ended (`wait()` then returns at once).
+    fn done(&self, py: Python<'_>) -> bool {
+        py.detach(
+            || match &*self.state.lock().unwrap_or_else(PoisonError::into_inner) {
+                Pending::Running(p) => p.is_finished(),
+                Pending::Ended(_) => true,
+            },
+        )
+    }
+
+    fn __repr__(&self, py: Python<'_>) -> String {
+        format!(
+            "PendingSave(done={})",
+            if self.done(py) { "True" } else { "False" }
         )
     }
 }

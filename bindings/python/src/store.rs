@@ -11,7 +11,7 @@ use tensor_history::{
 
 use crate::arrays::{self, on_view, View, ViewMut};
 use crate::errors::{self, OrPy};
-use crate::persist::{self, PyGcStats, PyRefreshStats, PySaveStats};
+use crate::persist::{self, PyGcStats, PyPendingSave, PyRefreshStats, PySaveStats};
 use crate::snapshot::PySnapshot;
 use crate::types::{
     diff_dict, log_rows, meta_dict, meta_from_py, PyLogEntry, PyPruneStats, PyStats, PyVersion,
@@ -153,8 +153,20 @@ impl PyStore {
     /// (nothing in memory is lost), `BranchMoved` if a branch moved in the repository
     /// since this store saw it (every other ref is saved; `BranchMoved.theirs` names the
     /// repository's version; `refresh`, merge, save again).
-    fn save(&self, py: Python<'_>) -> PyResult<PySaveStats> {
-        self.run(py, |i| i.store.save()).or_py().map(Into::into)
+    ///
+    /// `background=True`: return a `PendingSave` at once and save on a writer thread
+    /// (what the save writes is captured first: no tensor data is copied). The store
+    /// stays usable meanwhile; a later save, `refresh`, `gc` or `close` first waits for
+    /// it. `PendingSave.wait()` returns the `SaveStats` or raises the save's error; if
+    /// nobody waited, the next `save`, `save_as`, `refresh` or `close` raises it.
+    #[pyo3(signature = (*, background = false))]
+    fn save(&self, py: Python<'_>, background: bool) -> PyResult<Py<PyAny>> {
+        if background {
+            let pending = self.run(py, |i| i.store.save_in_background()).or_py()?;
+            return Ok(Py::new(py, PyPendingSave::new(pending))?.into_any());
+        }
+        let stats: PySaveStats = self.run(py, |i| i.store.save()).or_py()?.into();
+        Ok(Py::new(py, stats)?.into_any())
     }
 
     /// Bind the store to the repository at `path` (created if absent) and `save` there.
@@ -238,21 +250,29 @@ impl PyStore {
         self.run(py, |i| i.store.enforce_memory_budget())
     }
 
-    /// Release the store: its versions and chunks leave memory, the repository files it
-    /// mapped are unmapped, and every later call raises `StoreClosed`. Nothing is saved:
-    /// call `save()` first to keep new versions. Closing twice is allowed. A store used
-    /// as a context manager (`with Store.open(path) as s:`) is closed when the block
-    /// ends, also on an exception.
-    fn close(&self, py: Python<'_>) {
+    /// Release the store: wait for a background save, its versions and chunks leave
+    /// memory, the repository files it mapped are unmapped, and every later call raises
+    /// `StoreClosed`. Nothing new is saved: call `save()` first to keep new versions.
+    /// Raises the error of a background save that nobody waited for (the store is closed
+    /// all the same). Closing twice is allowed. A store used as a context manager
+    /// (`with Store.open(path) as s:`) is closed when the block ends, also on an
+    /// exception. GIL released.
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
         let old = py.detach(|| {
             let mut g = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+            if g.closed {
+                return None;
+            }
             g.closed = true;
-            // Dropped outside the lock (unmapping can take a while), with the GIL released.
             Store::with_config(persist::config(None, None, None, None))
                 .ok()
                 .map(|empty| std::mem::replace(&mut g.store, empty))
         });
-        py.detach(move || drop(old));
+        // Closed outside the lock (the wait and the unmapping can take a while).
+        match old {
+            Some(store) => py.detach(move || store.close()).or_py(),
+            None => Ok(()),
+        }
     }
 
     /// Whether `close()` was called.
@@ -270,11 +290,12 @@ impl PyStore {
         slf
     }
 
-    /// Closes the store (see `close`); exceptions propagate.
+    /// Closes the store (see `close`: waits for a background save and raises its error
+    /// if nobody waited for it); exceptions of the block propagate.
     #[pyo3(signature = (*_args))]
-    fn __exit__(&self, py: Python<'_>, _args: &Bound<'_, pyo3::types::PyTuple>) -> bool {
-        self.close(py);
-        false
+    fn __exit__(&self, py: Python<'_>, _args: &Bound<'_, pyo3::types::PyTuple>) -> PyResult<bool> {
+        self.close(py)?;
+        Ok(false)
     }
 
     // ---- working state ---------------------------------------------------------------

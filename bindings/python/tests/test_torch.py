@@ -144,6 +144,33 @@ def test_saved_training_resumes_in_another_process_bit_for_bit(tmp_path, dtype):
     assert len(reopened.log()) == 1 + 3 + 3
 
 
+def test_background_saves_while_training_resume_in_another_process_bit_for_bit(tmp_path):
+    import subprocess
+    import sys
+
+    m, opt = small_model(torch.float32)
+    tr = th.torch.track(m, opt)
+    repo = str(tmp_path / "run")
+    tr.save(repo)
+    pending = None
+    for i in range(3):
+        with tr.trial() as t:
+            step(m, opt, i, lr=1e-2 + i * 1e-3)
+            t.keep()
+        # training goes on while the writer thread saves
+        pending = tr.save(background=True)
+    assert isinstance(pending, th.PendingSave)
+    assert pending.wait().versions_written >= 1
+    for i in range(3):
+        with tr.trial() as t:
+            step(m, opt, 100 + i)
+            t.keep()
+    here = snapshot(m, opt)
+    subprocess.run([sys.executable, "-c", RESUME_CHILD, repo, "float32",
+                    os.path.dirname(__file__)], check=True)
+    assert_bitwise(torch.load(repo + ".pt"), here)
+
+
 def test_restore_under_a_live_graph_makes_backward_raise():
     m, opt = small_model()
     tr = th.torch.track(m, opt)

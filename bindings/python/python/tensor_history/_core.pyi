@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import Iterator, Mapping, Sequence, Union
+from typing import Iterator, Literal, Mapping, Sequence, Union, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -113,6 +113,13 @@ class SaveStats:
     @property
     def bytes_written(self) -> int: ...
 
+class PendingSave:
+    """A save running on a writer thread (``Store.save(background=True)``)."""
+    def wait(self) -> SaveStats:
+        """Block until the save ended (GIL released); its stats, or raise its error."""
+    def done(self) -> bool:
+        """Whether the save ended (``wait()`` then returns at once)."""
+
 class RefreshStats:
     """What a ``refresh`` took in from the repository."""
     @property
@@ -189,8 +196,14 @@ class Store:
     def location(self) -> str | None:
         """Where this store saves (``None`` before ``open`` or ``save_as``)."""
     # persistence
-    def save(self) -> SaveStats:
-        """Write what the repository lacks, then move its refs (raises ``BranchMoved``)."""
+    @overload
+    def save(self, *, background: Literal[False] = False) -> SaveStats: ...
+    @overload
+    def save(self, *, background: Literal[True]) -> PendingSave: ...
+    def save(self, *, background: bool = False) -> SaveStats | PendingSave:
+        """Write what the repository lacks, then move its refs (raises ``BranchMoved``).
+        ``background=True``: capture what to write (no data copied) and return a
+        ``PendingSave`` at once; the store stays usable while a writer thread saves."""
     def save_as(self, path: str | os.PathLike[str]) -> SaveStats:
         """Bind to the repository at ``path`` and save there. Onto an existing history,
         raises ``BranchMoved`` (writing no ref) when a ref this store has is not a
@@ -203,12 +216,14 @@ class Store:
     def version_hash(self, ref: Ref) -> str:
         """The version's content address (64 hex digits); ``resolve`` takes a prefix."""
     def close(self) -> None:
-        """Release the store; later calls raise ``StoreClosed``. Does not save."""
+        """Wait for a background save, then release the store; later calls raise
+        ``StoreClosed``. Does not save. Raises a background save's error nobody waited
+        for."""
     @property
     def closed(self) -> bool: ...
     def __enter__(self) -> Store: ...
     def __exit__(self, *_args: object) -> bool:
-        """Closes the store (see ``close``)."""
+        """Closes the store (see ``close``; raises a background save's error)."""
     # working state
     def insert(self, name: str, array: ArrayIn, *, chunk_bytes: int | None = None,
                dtype: str | None = None) -> None: ...

@@ -22,7 +22,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
 
 import numpy as np
 
-from ._core import SaveStats, Store, Version
+from ._core import PendingSave, SaveStats, Store, Version
 from ._errors import TrialError, UncommittedChanges
 
 __all__ = ["AssignTracker", "Tracker", "Trial"]
@@ -523,15 +523,28 @@ class Tracker:
         self._apply(target, lambda: self.store.checkout(name))
         return target
 
-    def save(self, path: Union[str, "os.PathLike[str]", None] = None) -> SaveStats:
+    def save(
+        self,
+        path: Union[str, "os.PathLike[str]", None] = None,
+        *,
+        background: bool = False,
+    ) -> Union[SaveStats, PendingSave]:
         """Write the committed versions to the store's repository (or, with `path`, bind
         the store to the repository there first): only chunks it lacks are written.
         Uncommitted changes of the model are not saved: ``commit()`` first. Raises
         ``BranchMoved`` if another process moved the branch (see :meth:`Store.save`), or
         if ``path`` holds another run's history on this store's branch (see
         :meth:`Store.save_as`: nothing there is overwritten; resume with
-        ``track(..., path=path)``, or save under another branch)."""
+        ``track(..., path=path)``, or save under another branch).
+
+        ``background=True`` returns a :class:`PendingSave` at once and writes on a
+        writer thread while training goes on (no copy of the model is made; see
+        :meth:`Store.save`); with `path`, the store is bound there by a save first."""
         self._check_idle("save")
+        if background:
+            if path is not None:
+                self.store.save_as(path)
+            return self.store.save(background=True)
         return self.store.save_as(path) if path is not None else self.store.save()
 
     def trial(self, message: str = "trial") -> Trial:
