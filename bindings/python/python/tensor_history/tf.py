@@ -244,6 +244,9 @@ class Tracker(AssignTracker):
         # id(variable) -> the tensor the running operation's _live read (nothing has
         # assigned the variable since).
         self._fresh: Dict[int, Any] = {}
+        # id(variable) -> the (token, tensor) of _keep that _held_value gave for it, until
+        # the restore records the variable's token (see _token).
+        self._gave_held: Dict[int, Tuple[Any, Any]] = {}
         self._kinds: Dict[str, np.dtype] = {}
         # (ids of the variables, a concrete function reading them all, the variables)
         self._reader: Optional[Tuple[tuple, Any, list]] = None
@@ -306,6 +309,7 @@ class Tracker(AssignTracker):
 
     def _live(self) -> Tuple[Dict[str, Any], Dict[str, Any], set]:
         self._fresh = {}
+        self._gave_held = {}  # (what an operation that raised midway left)
         out: Dict[str, Any] = {}
         seen = set()
         model = self._model_vars()
@@ -350,6 +354,13 @@ class Tracker(AssignTracker):
         return t if t is not None else self._var(v).read_value()
 
     def _token(self, v: Any) -> Any:
+        given = self._gave_held.pop(id(v), None)
+        if given is not None:
+            # Assigned a held tensor: the variable shares its buffer (unless TensorFlow
+            # copied, in copy-on-read mode: then the next read shows another address and
+            # the variable is compared), and that tensor holds the synced values.
+            self._pending[id(v)] = given
+            return given[0]
         return self._token_of(v, self._var(v).read_value())
 
     def _token_of(self, v: Any, t: Any) -> Any:
@@ -365,6 +376,7 @@ class Tracker(AssignTracker):
 
     def _synced_now(self) -> None:
         self._keep, self._pending = self._pending, {}
+        self._gave_held = {}
 
     def _held_value(self, name: str, var: Any) -> Any:
         """The tensor read at the last sync, when its token is the one recorded for
@@ -372,6 +384,7 @@ class Tracker(AssignTracker):
         kept = self._keep.get(id(var))
         if kept is None or kept[0] is None or kept[0] != self._synced.get(name):
             return None
+        self._gave_held[id(var)] = kept
         return kept[1]
 
     def _np(self, name: str, v: Any) -> np.ndarray:
