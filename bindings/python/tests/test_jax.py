@@ -231,6 +231,12 @@ def test_a_tracker_without_a_store_gets_a_budget_of_four_tree_sizes(tmp_path):
     assert th.jax.track(tree, store=th.Store()).store.memory_budget is None
 
 
+def test_an_optimizer_beside_a_pytree_is_refused_before_a_repository_is_made(tmp_path):
+    with pytest.raises(TypeError):
+        th.jax.track({"w": jnp.zeros(3)}, optax.sgd(0.1), path=tmp_path / "run")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_history_past_the_default_budget_reads_back_bit_for_bit():
     """Dense Adam steps on (params, opt_state) outgrow four tree sizes, so old versions are
     kept encoded; every version's tree comes back bit for bit against NumPy copies."""

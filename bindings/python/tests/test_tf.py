@@ -227,6 +227,12 @@ def test_an_unbuilt_keras_model_is_refused():
     assert e.value.reason == "no variables"
 
 
+def test_track_of_something_else_raises_before_a_repository_is_made(tmp_path):
+    with pytest.raises(TypeError):
+        th.tf.track(np.zeros(3), path=tmp_path / "run")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_unnamed_variables_in_a_list_are_named_by_position():
     a, b = tf.Variable(1.0), tf.Variable(2.0)
     tr = th.tf.track([a, b])

@@ -488,6 +488,9 @@ def track(tree_or_model: Any, optimizer: Any = None, *,
     except ImportError:
         nnx = None
     is_nnx = nnx is not None and isinstance(tree_or_model, nnx.Module)
+    if optimizer is not None and not is_nnx:  # (before a repository is created at path)
+        raise TypeError("a pytree's optimizer state is part of the tree: track((params, "
+                        "opt_state)) instead of passing optimizer=")
     if path is not None:
         if "store" in kwargs:
             raise TypeError("track() takes path= or store=, not both")
@@ -495,7 +498,4 @@ def track(tree_or_model: Any, optimizer: Any = None, *,
         kwargs["store"] = tracker_store(path, nbytes)
     if is_nnx:
         return NnxTracker(tree_or_model, optimizer, **kwargs)
-    if optimizer is not None:
-        raise TypeError("a pytree's optimizer state is part of the tree: track((params, "
-                        "opt_state)) instead of passing optimizer=")
     return Tracker(tree_or_model, **kwargs)
