@@ -217,6 +217,55 @@ def test_optax_training_with_accept_reject_matches_kept_references(name, donate)
     assert tr.stats().versions == 1 + 4
 
 
+# ---- the default memory budget ---------------------------------------------------------------
+
+
+def test_a_tracker_without_a_store_gets_a_budget_of_four_tree_sizes(tmp_path):
+    p = mlp_params(jax.random.key(0), jnp.bfloat16)
+    tree = {"params": p, "step": 3, "key": jax.random.key(1), "np": np.zeros(5, np.int16)}
+    nbytes = sum(a.nbytes for a in np_tree(tree))  # typed keys as their key data
+    assert th.jax.tree_bytes(tree) == nbytes
+    tr = th.jax.track(tree)
+    assert tr.store.memory_budget == th.jax.DEFAULT_BUDGET_MODELS * nbytes == 4 * nbytes
+    assert th.jax.track(tree, path=tmp_path / "run").store.memory_budget == 4 * nbytes
+    assert th.jax.track(tree, store=th.Store()).store.memory_budget is None
+
+
+def test_an_optimizer_beside_a_pytree_is_refused_before_a_repository_is_made(tmp_path):
+    with pytest.raises(TypeError):
+        th.jax.track({"w": jnp.zeros(3)}, optax.sgd(0.1), path=tmp_path / "run")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_history_past_the_default_budget_reads_back_bit_for_bit():
+    """Dense Adam steps on (params, opt_state) outgrow four tree sizes, so old versions are
+    kept encoded; every version's tree comes back bit for bit against NumPy copies."""
+    opt = optax.adam(1e-4)
+    p = mlp_params(jax.random.key(0))
+    state = (p, opt.init(p))
+
+    @jax.jit
+    def step(state, x, y):
+        p, s = state
+        u, s = opt.update(jax.grad(loss_fn)(p, x, y), s, p)
+        return optax.apply_updates(p, u), s
+
+    tr = th.jax.track(state)
+    copies = [(tr.store.head(), np_tree(state))]
+    for i in range(6):
+        with tr.trial(state) as t:
+            t.keep(step(state, *batch(i)))
+        state = t.result
+        copies.append((t.kept, np_tree(state)))
+    tr.store.enforce_memory_budget()
+    st = tr.stats()
+    assert st.encoded_bytes > 0 and st.held_bytes < st.logical_bytes
+    for v, want in copies:
+        for a, b in zip(np_tree(tr.restore(v)), want):
+            assert same(a, b)
+    tr.store.verify()
+
+
 # ---- the functional model-based test ------------------------------------------------------
 
 
@@ -408,6 +457,35 @@ def test_nnx_restore_into_a_variable_of_another_shape_changes_nothing():
     with pytest.raises(th.TrialError):
         tr.restore(v0)
     assert same(np.array(m.l2.bias.get_value()), bias2) and tr.store.head() == v1
+
+
+def test_an_nnx_tracker_without_a_store_gets_a_budget_of_four_model_sizes(tmp_path):
+    m = Net(nnx.Rngs(0), jnp.float16)
+    o = nnx.Optimizer(m, optax.adam(1e-3), wrt=nnx.Param)
+    nbytes = sum(a.nbytes for a in nnx_values(m).values())  # the model's, not the optimizer's
+    assert th.jax.track(m, o).store.memory_budget == 4 * nbytes
+    assert th.jax.track(m, o, path=tmp_path / "run").store.memory_budget == 4 * nbytes
+
+
+def test_an_nnx_history_past_the_default_budget_reads_back_bit_for_bit():
+    m = Net(nnx.Rngs(0))
+    o = nnx.Optimizer(m, optax.adam(1e-4), wrt=nnx.Param)
+    tr = th.jax.track(m, o)
+    copies = [(tr.store.head(), nnx_values(m, o))]
+    for i in range(6):
+        with tr.trial() as t:
+            nnx_step(m, o, *batch(i))
+            copies.append((t.keep(), nnx_values(m, o)))
+    tr.store.enforce_memory_budget()
+    st = tr.stats()
+    assert st.encoded_bytes > 0 and st.held_bytes < st.logical_bytes
+    for v, want in copies:
+        tr.restore(v)
+        got = nnx_values(m, o)
+        assert got.keys() == want.keys()
+        for k in want:
+            assert same(got[k], want[k]), k
+    tr.store.verify()
 
 
 class NnxMachine(TrackerMachine):

@@ -177,6 +177,37 @@ def test_resuming_into_a_model_of_another_shape_raises_before_assigning(tmp_path
         assert same(a, b)
 
 
+def test_a_tracker_without_a_store_gets_a_budget_of_four_model_sizes(tmp_path):
+    opt = keras.optimizers.Adam(0.01)
+    m = compiled(model(), opt)
+    nbytes = sum(values(v).nbytes for v in m.variables)  # the model's, not the optimizer's
+    tr = th.keras.track(m, opt)
+    assert tr.store.memory_budget == th.keras.DEFAULT_BUDGET_MODELS * nbytes == 4 * nbytes
+    assert th.keras.track(m, opt, path=tmp_path / "run").store.memory_budget == 4 * nbytes
+    assert th.keras.track(m, opt, store=th.Store()).store.memory_budget is None
+
+
+def test_a_history_past_the_default_budget_reads_back_bit_for_bit():
+    """Dense Adam steps outgrow four model sizes, so old versions are kept encoded; every
+    version comes back into the model and optimizer bit for bit against NumPy copies."""
+    opt = keras.optimizers.Adam(1e-4)
+    m = compiled(model(), opt)
+    tr = th.keras.track(m, opt)
+    copies = [(tr.store.head(), all_values(m, opt))]
+    for i in range(6):
+        with tr.trial() as t:
+            m.train_on_batch(*data(i))
+            copies.append((t.keep(), all_values(m, opt)))
+    tr.store.enforce_memory_budget()
+    st = tr.stats()
+    assert st.encoded_bytes > 0 and st.held_bytes < st.logical_bytes
+    for v, want in copies:
+        tr.restore(v)
+        for a, b in zip(all_values(m, opt), want):
+            assert same(a, b)
+    tr.store.verify()
+
+
 CHILD = r"""
 import json, os, sys
 import numpy as np

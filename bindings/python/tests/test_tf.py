@@ -125,6 +125,22 @@ def test_unchanged_variables_are_neither_read_nor_assigned(monkeypatch):
     assert tr.store.stats().unique_chunks == before
 
 
+def address(t):
+    return t._numpy().__array_interface__["data"][0]
+
+
+def test_a_reverted_variable_takes_back_the_buffer_it_had_without_a_copy():
+    net = Net()
+    tr = th.tf.track(net)
+    w, b = net.w.read_value(), net.b.read_value()
+    w_values = w.numpy().copy()
+    with tr.trial():
+        net.w.assign(net.w * 2)  # TensorFlow copies on write: w keeps its buffer
+        assert address(net.w.read_value()) != address(w)
+    assert address(net.w.read_value()) == address(w) and same(net.w.numpy(), w_values)
+    assert address(net.b.read_value()) == address(b)
+
+
 def test_a_write_that_bypasses_tensorflow_is_seen_with_trust_versions_false():
     net = Net()
     tr = th.tf.track(net, trust_versions=False)
@@ -209,6 +225,12 @@ def test_an_unbuilt_keras_model_is_refused():
     with pytest.raises(th.TrialError) as e:
         th.tf.track(m)
     assert e.value.reason == "no variables"
+
+
+def test_track_of_something_else_raises_before_a_repository_is_made(tmp_path):
+    with pytest.raises(TypeError):
+        th.tf.track(np.zeros(3), path=tmp_path / "run")
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_unnamed_variables_in_a_list_are_named_by_position():
@@ -348,6 +370,45 @@ def test_a_saved_keras_history_resumes_into_a_new_model(tmp_path):
     for a, b in zip(all_vars(m2, opt2), want):
         assert same(a, b)
     assert len(tr2.log()) == 4
+
+
+# ---- the default memory budget ----------------------------------------------------------
+
+
+def test_a_tracker_without_a_store_gets_a_budget_of_four_model_sizes(tmp_path):
+    m = keras_model()
+    opt = keras.optimizers.Adam(0.01)
+    nbytes = sum(v.numpy().nbytes for v in m.variables)  # the model's, not the optimizer's
+    tr = th.tf.track(m, opt)
+    assert tr.store.memory_budget == th.tf.DEFAULT_BUDGET_MODELS * nbytes == 4 * nbytes
+    assert th.tf.track(m, opt, path=tmp_path / "run").store.memory_budget == 4 * nbytes
+    assert th.tf.track(m, opt, store=th.Store()).store.memory_budget is None
+    net = Net(tf.float16)
+    assert th.tf.track(net).store.memory_budget == 4 * sum(
+        v.numpy().nbytes for v in (net.w, net.b, *net.layers))
+
+
+def test_a_history_past_the_default_budget_reads_back_bit_for_bit():
+    """Dense Adam steps: each kept version holds a whole model and optimizer state, so the
+    history outgrows four model sizes and old versions are kept encoded; every version
+    comes back into the model and optimizer bit for bit against NumPy copies."""
+    m = keras_model()
+    opt = keras.optimizers.Adam(1e-4)
+    tr = th.tf.track(m, opt)
+    step = train_fn(m, opt)
+    copies = [(tr.store.head(), all_vars(m, opt))]
+    for i in range(6):
+        with tr.trial() as t:
+            step(*batch(i))
+            copies.append((t.keep(), all_vars(m, opt)))
+    tr.store.enforce_memory_budget()
+    st = tr.stats()
+    assert st.encoded_bytes > 0 and st.held_bytes < st.logical_bytes
+    for v, want in copies:
+        tr.restore(v)
+        for a, b in zip(all_vars(m, opt), want):
+            assert same(a, b)
+    tr.store.verify()
 
 
 # ---- the model-based test ---------------------------------------------------------------

@@ -23,9 +23,33 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
 import numpy as np
 
 from ._core import PendingSave, SaveStats, Store, Version
-from ._errors import TrialError, UncommittedChanges
+from ._errors import PrunedVersion, TrialError, UncommittedChanges, UnknownVersion
 
-__all__ = ["AssignTracker", "Tracker", "Trial"]
+__all__ = ["DEFAULT_BUDGET_MODELS", "AssignTracker", "Tracker", "Trial", "default_budget",
+           "tracker_store"]
+
+#: A tracker made without a store gets a store whose memory budget is this many times
+#: the model's bytes at the time of tracking (its variables, without the optimizer's;
+#: for a JAX pytree, the whole tree): room for HEAD, an optimizer state of two moments,
+#: and a working copy. Versions past it are kept encoded as lossless XOR deltas (see
+#: ``Store(memory_budget=...)``), so a dense training loop that keeps every step does
+#: not hold a full copy per step.
+DEFAULT_BUDGET_MODELS = 4
+
+
+def default_budget(model_bytes: int) -> Optional[int]:
+    """The memory budget of a tracker's own store for a model of `model_bytes` bytes:
+    ``DEFAULT_BUDGET_MODELS`` times that (``None``, no budget, for a model of no bytes)."""
+    return DEFAULT_BUDGET_MODELS * model_bytes if model_bytes > 0 else None
+
+
+def tracker_store(path: Union[str, "os.PathLike[str]", None], model_bytes: int) -> Store:
+    """The store a ``track()`` call makes: in memory (`path` ``None``) or the repository
+    at `path` (opened or created), with :func:`default_budget` of `model_bytes`."""
+    budget = default_budget(model_bytes)
+    if path is None:
+        return Store(memory_budget=budget)
+    return Store.open(path, memory_budget=budget)
 
 
 def _dtype_name(d: np.dtype) -> str:
@@ -111,7 +135,8 @@ class Tracker:
         trust_versions: bool = True,
         resume: Optional[bool] = None,
     ) -> None:
-        self.store = store if store is not None else Store()
+        # Without a store, one of the default memory budget (see DEFAULT_BUDGET_MODELS).
+        self.store = store if store is not None else tracker_store(None, self._model_bytes())
         self.trust_versions = trust_versions
         self._trial: Optional[Trial] = None
         # name -> identity token at the last sync; the tensors are held so that their
@@ -134,6 +159,11 @@ class Tracker:
             self._commit(message, {})
 
     # ---- what a framework module supplies -------------------------------------------
+
+    def _model_bytes(self) -> int:
+        """The model's bytes (its tensors, without the optimizer's), from their shapes and
+        dtypes without reading them: what :func:`default_budget` is computed from."""
+        raise NotImplementedError
 
     def _live(self) -> Tuple[Dict[str, Any], Dict[str, Any], set]:
         """Every tracked tensor by store name (tied tensors once), their identity tokens
@@ -585,9 +615,17 @@ class AssignTracker(Tracker):
     target's shape and dtype, or the restore raises before it assigns anything.
     """
 
-    def _assign(self, name: str, var: Any, value: np.ndarray) -> None:
-        """Put `value` (a fresh array owned by the caller) into variable `var`."""
+    def _assign(self, name: str, var: Any, value: Any) -> None:
+        """Put `value` into variable `var`: a fresh array owned by the caller, or a value
+        :meth:`_held_value` gave."""
         raise NotImplementedError
+
+    def _held_value(self, name: str, var: Any) -> Any:
+        """A value the tracker holds that is, bit for bit, what `var` held at the last
+        sync (and so what the synced version holds under `name`), or ``None``. A restore
+        assigns it to a changed variable whose target value is the synced one, without
+        reading the store or the variable (a trial's revert, above all)."""
+        return None
 
     def _checks_layout(self, name: str) -> bool:
         return True
@@ -616,14 +654,36 @@ class AssignTracker(Tracker):
         differs. With `known` (a version the variables are known to hold), variables
         the store holds unchanged since `known` are skipped without reading them."""
         store = self.store
+        head = store.head()
         if known is not None:
-            head = store.head()
             if known == head:
                 return
             diff = store.diff(known, head)
             into = {n: a for n, a in into.items()
                     if n not in diff or diff[n].kind != "unchanged"}
+        # Variables whose target value is the one they held at the last sync get the
+        # value the tracker held since (held values are trusted only with trust_versions:
+        # a write that bypasses the framework could have changed them too).
+        synced = self._synced_head
+        as_synced: Any = ()
+        if self.trust_versions and synced is not None and head is not None:
+            if synced == head:
+                as_synced = into
+            else:
+                try:
+                    moved = store.diff(synced, head)
+                except (UnknownVersion, PrunedVersion):
+                    moved = None  # pruned since: nothing is known to be as synced
+                if moved is not None:
+                    as_synced = {n for n in into
+                                 if n not in moved or moved[n].kind == "unchanged"}
         for n, live in into.items():
+            if n in as_synced:
+                held = self._held_value(n, entries[n])
+                if held is not None:
+                    self._assign(n, entries[n], held)
+                    written[n] = _Assigned(True)
+                    continue
             want = store.get(n)
             if want.shape != live.shape or not self._fits(_dtype_name(live.dtype),
                                                           _dtype_name(want.dtype)):

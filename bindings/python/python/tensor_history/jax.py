@@ -46,6 +46,11 @@ How it works, and what to know:
   part of the code, not the state; use ``optax.inject_hyperparams`` to make them leaves.
 - ``trial(state)`` commits the entry state first when it differs from HEAD (as the
   torch tracker does), so that a revert goes back to it.
+- The store ``track`` makes (in memory, or opened at ``path``) has a memory budget of
+  ``DEFAULT_BUDGET_MODELS`` (4) times the tree's bytes (for a pytree, everything
+  tracked, optimizer state included; for an NNX module, its Variables without the
+  optimizer's): versions past it are kept encoded (lossless XOR deltas, see
+  ``Store(memory_budget=...)``). Pass ``store=`` to choose another.
 
 JAX and Flax are imported on first use; nothing here needs them at import time.
 """
@@ -59,10 +64,11 @@ import numpy as np
 
 from ._core import SaveStats, Store, Version
 from ._errors import TrialError
-from ._tracker import AssignTracker
+from ._tracker import DEFAULT_BUDGET_MODELS, AssignTracker, tracker_store
 from ._tracker import Trial as NnxTrial
 
-__all__ = ["FunctionalTrial", "NnxTracker", "NnxTrial", "Tracker", "track"]
+__all__ = ["DEFAULT_BUDGET_MODELS", "FunctionalTrial", "NnxTracker", "NnxTrial", "Tracker",
+           "nnx_model_bytes", "track", "tree_bytes"]
 
 PREFIX = "tree/"
 
@@ -122,6 +128,20 @@ def _layout(x: Any) -> Tuple[str, tuple]:
     if dtype == np.bool_:
         dtype = np.dtype(np.uint8)
     return dtype.str if dtype.name != "bfloat16" else "bfloat16", tuple(np.shape(x))
+
+
+def tree_bytes(tree: Any) -> int:
+    """The bytes of a pytree's leaves (typed PRNG keys as their key data), from their
+    shapes and dtypes without reading them: what the default memory budget of a tracker
+    of `tree` is computed from (see ``DEFAULT_BUDGET_MODELS``)."""
+    jax = _jax()
+    total = 0
+    for x in jax.tree_util.tree_leaves(tree):
+        if _is_key(x):
+            x = jax.random.key_data(x)
+        n = getattr(x, "nbytes", None)
+        total += int(n) if n is not None else np.asarray(x).nbytes
+    return total
 
 
 def _deleted(x: Any) -> bool:
@@ -190,7 +210,9 @@ class Tracker:
 
     def __init__(self, tree: Any, *, store: Optional[Store] = None, message: str = "track",
                  resume: Optional[bool] = None) -> None:
-        self.store = store if store is not None else Store()
+        # Without a store, one of the default memory budget: DEFAULT_BUDGET_MODELS times
+        # the tree's bytes.
+        self.store = store if store is not None else tracker_store(None, tree_bytes(tree))
         self._trial: Optional[FunctionalTrial] = None
         self._leaves: Dict[str, Any] = {}
         self._synced_head: Optional[Version] = None
@@ -394,6 +416,9 @@ class NnxTracker(AssignTracker):
         super().__init__(store=store, message=message, trust_versions=trust_versions,
                          resume=resume)
 
+    def _model_bytes(self) -> int:
+        return nnx_model_bytes(self.model)
+
     @staticmethod
     def _variables(obj: Any) -> List[Tuple[str, Any]]:
         from flax import nnx
@@ -441,6 +466,12 @@ class NnxTracker(AssignTracker):
         return _plain(key, v)
 
 
+def nnx_model_bytes(model: Any) -> int:
+    """The bytes of a Flax NNX module's ``nnx.Variable`` values (without an optimizer's):
+    what the default memory budget of an :class:`NnxTracker` is computed from."""
+    return sum(tree_bytes(var.get_value()) for _, var in NnxTracker._variables(model))
+
+
 def track(tree_or_model: Any, optimizer: Any = None, *,
           path: Union[str, "os.PathLike[str]", None] = None, **kwargs: Any) -> Any:
     """Start tracking a pytree (returns a functional :class:`Tracker`) or a Flax NNX
@@ -448,19 +479,23 @@ def track(tree_or_model: Any, optimizer: Any = None, *,
 
     Without `path`: commits the current state in a new in-memory store. With `path`:
     opens (or creates) the repository there; if it holds a history, its HEAD becomes the
-    tracker's ``state`` (pytrees) or is put into the module (NNX). Other keyword
-    arguments go to the tracker."""
-    if path is not None:
-        if "store" in kwargs:
-            raise TypeError("track() takes path= or store=, not both")
-        kwargs["store"] = Store.open(path)
+    tracker's ``state`` (pytrees) or is put into the module (NNX). The store gets a
+    memory budget of ``DEFAULT_BUDGET_MODELS`` (4) times the tree's bytes (the module's
+    Variables', for NNX; pass ``store=`` to choose another). Other keyword arguments go
+    to the tracker."""
     try:
         from flax import nnx
     except ImportError:
         nnx = None
-    if nnx is not None and isinstance(tree_or_model, nnx.Module):
-        return NnxTracker(tree_or_model, optimizer, **kwargs)
-    if optimizer is not None:
+    is_nnx = nnx is not None and isinstance(tree_or_model, nnx.Module)
+    if optimizer is not None and not is_nnx:  # (before a repository is created at path)
         raise TypeError("a pytree's optimizer state is part of the tree: track((params, "
                         "opt_state)) instead of passing optimizer=")
+    if path is not None:
+        if "store" in kwargs:
+            raise TypeError("track() takes path= or store=, not both")
+        nbytes = nnx_model_bytes(tree_or_model) if is_nnx else tree_bytes(tree_or_model)
+        kwargs["store"] = tracker_store(path, nbytes)
+    if is_nnx:
+        return NnxTracker(tree_or_model, optimizer, **kwargs)
     return Tracker(tree_or_model, **kwargs)

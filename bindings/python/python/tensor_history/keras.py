@@ -28,7 +28,14 @@ How unchanged variables are found without copying them, per backend:
 Restores go through ``Variable.assign`` (the same Keras variables, so a compiled model
 and its optimizer stay valid), only for variables whose values differ, after checking
 that every variable has the target's shape and dtype (``TrialError(reason="model
-structure")`` before anything is assigned otherwise).
+structure")`` before anything is assigned otherwise). On the tensorflow backend a
+trial's revert gives each variable TensorFlow wrote back the tensor held since the last
+sync, without a copy, and every variable is read by one traced call, as in
+``tensor_history.tf``.
+
+The store ``track`` makes (in memory, or opened at ``path``) has a memory budget of
+``DEFAULT_BUDGET_MODELS`` (4) times the model's variables' bytes (not the optimizer's);
+versions past it are kept encoded. Pass ``store=`` to choose another.
 
 Buffer donation on the JAX backend: Keras's JAX trainer (``fit``, ``train_on_batch``)
 passes the variables' arrays to a jitted step that donates them, so an array the tracker
@@ -45,17 +52,17 @@ Keras is imported on first use; nothing here needs it at import time.
 from __future__ import annotations
 
 import os
-from typing import Any, List, Optional, Tuple, Union
+from typing import Any, List, Optional, Union
 
 import numpy as np
 
 from ._core import Store
 from ._errors import TrialError
-from ._tracker import Trial
+from ._tracker import DEFAULT_BUDGET_MODELS, Trial, tracker_store
 from .tf import Tracker as _TfTracker
-from .tf import keras_model_variables
+from .tf import keras_model_variables, variables_bytes
 
-__all__ = ["Tracker", "Trial", "track"]
+__all__ = ["DEFAULT_BUDGET_MODELS", "Tracker", "Trial", "track"]
 
 
 def backend() -> str:
@@ -85,13 +92,15 @@ class Tracker(_TfTracker):
     def model(self) -> Any:
         return self.variables
 
-    def _model_vars(self) -> List[Tuple[str, Any]]:
-        return keras_model_variables(self.variables)
-
     def _trainable(self) -> List[Any]:
         return list(self.variables.trainable_variables)
 
     # ---- per-backend reads and identity tokens -----------------------------------------
+
+    def _read_all(self, variables: List[Any]) -> Optional[List[Any]]:
+        if self.backend == "tensorflow":
+            return super()._read_all(variables)
+        return None  # reading a JAX or torch value costs nothing: per variable
 
     def _read(self, v: Any) -> Any:
         if self.backend == "tensorflow":
@@ -102,11 +111,18 @@ class Tracker(_TfTracker):
         if self.backend == "tensorflow":
             return super()._token(v)
         value = v.value
-        self._pending[id(v)] = value  # held: its identity or storage cannot be reused
         if self.backend == "jax":
-            return id(value)
-        return (value._version, value.data_ptr(), tuple(value.shape), value.stride(),
-                value.dtype)
+            tok: Any = id(value)
+        else:
+            tok = (value._version, value.data_ptr(), tuple(value.shape), value.stride(),
+                   value.dtype)
+        self._pending[id(v)] = (tok, value)  # held: its identity or storage cannot be reused
+        return tok
+
+    def _held_value(self, name: str, var: Any) -> Any:
+        if self.backend == "tensorflow":
+            return super()._held_value(name, var)
+        return None  # the store's values (a torch tensor held is written in place)
 
     def _np(self, name: str, v: Any) -> np.ndarray:
         if self.backend == "tensorflow":
@@ -151,10 +167,11 @@ def track(model: Any, optimizer: Any = None, *,
     Without `path`: commits the current values in a new in-memory store. With `path`:
     opens (or creates) the repository there; if it holds a history, its HEAD is assigned
     to the model and optimizer (resume), else their values are committed; call
-    ``tracker.save()`` to write new versions. Other keyword arguments go to
-    :class:`Tracker`."""
+    ``tracker.save()`` to write new versions. The store gets a memory budget of
+    ``DEFAULT_BUDGET_MODELS`` (4) times the model's variables' bytes (pass ``store=`` to
+    choose another). Other keyword arguments go to :class:`Tracker`."""
     if path is not None:
         if "store" in kwargs:
             raise TypeError("track() takes path= or store=, not both")
-        kwargs["store"] = Store.open(path)
+        kwargs["store"] = tracker_store(path, variables_bytes(keras_model_variables(model)))
     return Tracker(model, optimizer, **kwargs)

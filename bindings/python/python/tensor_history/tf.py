@@ -29,7 +29,7 @@ How it works, and what to know:
   trainable variables, as its first ``apply`` would do, so that its state is part of
   the first version. Names in the store: ``model/<name>`` and ``optim/<path>``.
 - Restores go through ``Variable.assign``: the same ``tf.Variable`` objects, so graphs,
-  ``tf.function``s and optimizers holding them stay valid. Only variables whose values
+  ``tf.function``s and optimizers holding them stay valid. Only variables that may
   differ from the target are assigned; a restore first checks that every variable has
   the target's shape and dtype and raises ``TrialError(reason="model structure")``
   before it assigns anything otherwise.
@@ -44,6 +44,20 @@ How it works, and what to know:
   Variables in TensorFlow's copy-on-read mode (after sparse updates such as
   ``scatter_update``) get a new buffer at each read and are always compared.
   ``trust_versions=False`` compares every variable's bytes.
+- The held tensors are also what a trial's revert puts back: a variable TensorFlow
+  wrote since the last sync, whose target value is the one it had then (every variable
+  in a revert; in a restore, those the target holds as the synced version does), is
+  assigned the tensor the tracker held, which the variable then shares: no copy, no
+  read of the store, no comparison. Others are compared with the store's values and
+  assigned only where they differ. With ``trust_versions=False`` the held tensors are
+  not trusted either (a write that bypasses TensorFlow could have changed them).
+- Every variable is read by one call of a traced function (traced again when the set of
+  variables changes): a commit or a trial costs a few microseconds per variable that
+  did not change, where an eager read each costs tens.
+- The store ``track`` makes (in memory, or opened at ``path``) has a memory budget of
+  ``DEFAULT_BUDGET_MODELS`` (4) times the model's variables' bytes (not the
+  optimizer's): versions past it are kept encoded (lossless XOR deltas, see
+  ``Store(memory_budget=...)``). Pass ``store=`` to choose another.
 - Variables added after tracking (a Keras layer built later, a new attribute of a
   ``tf.Module``) are recorded by the next commit. A trial's revert that meets one puts
   back everything else, then raises ``TrialError(reason="model structure")`` naming it;
@@ -67,9 +81,10 @@ import numpy as np
 
 from ._core import Store
 from ._errors import TrialError
-from ._tracker import AssignTracker, Trial
+from ._tracker import DEFAULT_BUDGET_MODELS, AssignTracker, Trial, tracker_store
 
-__all__ = ["Tracker", "Trial", "track"]
+__all__ = ["DEFAULT_BUDGET_MODELS", "Tracker", "Trial", "keras_model_variables",
+           "keras_optimizer_variables", "model_variables", "track", "variables_bytes"]
 
 
 def _tf() -> Any:
@@ -153,6 +168,52 @@ def keras_optimizer_variables(optimizer: Any, trainable: List[Any],
     return _unique(out, "the optimizer")
 
 
+def model_variables(obj: Any) -> List[Tuple[str, Any]]:
+    """(name, variable) of what ``track`` takes: a dict name -> variable, a Keras model
+    (see :func:`keras_model_variables`), a list or tuple of ``tf.Variable``s (named by
+    ``Variable.name``, or ``<index>/<name>`` when two share a name), one ``tf.Variable``,
+    or a ``tf.Module`` (by attribute paths)."""
+    if isinstance(obj, dict):
+        return list(obj.items())
+    if _is_keras(obj):
+        return keras_model_variables(obj)
+    tf = _tf()
+    if isinstance(obj, (list, tuple)):
+        names = [v.name.split(":")[0] for v in obj]
+        if len(set(names)) != len(names):  # unnamed variables are all "Variable"
+            names = [f"{i}/{n}" for i, n in enumerate(names)]
+        return list(zip(names, obj))
+    if isinstance(obj, tf.Variable):
+        return [(obj.name.split(":")[0], obj)]
+    if isinstance(obj, tf.Module):
+        pairs = obj._flatten(predicate=lambda x: isinstance(x, tf.Variable), with_path=True)
+        return _unique([("/".join(str(p) for p in path), v) for path, v in pairs],
+                       "the module")
+    raise TypeError("track() takes a tf.Variable, a list or dict of them, a tf.Module or "
+                    f"a Keras model, not {type(obj).__name__}")
+
+
+def variables_bytes(pairs: List[Tuple[str, Any]]) -> int:
+    """The bytes of the variables of `pairs` (each once), from their shapes and dtypes:
+    what the default memory budget of a tracker is computed from (see
+    ``DEFAULT_BUDGET_MODELS``)."""
+    seen = set()
+    total = 0
+    for _, v in pairs:
+        if id(v) in seen:
+            continue
+        seen.add(id(v))
+        size = getattr(v.dtype, "size", None)  # a tf.DType; Keras gives the name
+        if size is None:
+            size = np.dtype(str(v.dtype)).itemsize
+        try:
+            n = int(np.prod([int(d) for d in v.shape], dtype=np.int64))
+        except (TypeError, ValueError):  # a tf.Variable of dynamic shape: its value's
+            n = int(np.size(v.numpy()))
+        total += n * size
+    return total
+
+
 class Tracker(AssignTracker):
     """History of TensorFlow variables (a list, a dict, a ``tf.Module`` or a Keras model)
     and a Keras optimizer's variables in a :class:`Store`, restored with ``assign``.
@@ -175,10 +236,23 @@ class Tracker(AssignTracker):
     ) -> None:
         self.variables = variables
         self.optimizer = optimizer
-        self._pending: Dict[int, Any] = {}
+        # id(variable) -> (token, tensor) of the reads since the last sync, and of the
+        # reads whose tokens the last sync recorded (held: TensorFlow copies on write
+        # while they are, so they keep the synced values and their buffers' addresses).
+        self._pending: Dict[int, Tuple[Any, Any]] = {}
+        self._keep: Dict[int, Tuple[Any, Any]] = {}
+        # id(variable) -> the tensor the running operation's _live read (nothing has
+        # assigned the variable since).
         self._fresh: Dict[int, Any] = {}
-        self._keep: Dict[int, Any] = {}
+        # id(variable) -> the (token, tensor) of _keep that _held_value gave for it, until
+        # the restore records the variable's token (see _token).
+        self._gave_held: Dict[int, Tuple[Any, Any]] = {}
         self._kinds: Dict[str, np.dtype] = {}
+        # (ids of the variables, a concrete function reading them all, the variables)
+        self._reader: Optional[Tuple[tuple, Any, list]] = None
+        # "model" / "optim" -> (ids of the objects the names were worked out from, those
+        # objects, the (name, variable) pairs)
+        self._names: Dict[str, Tuple[tuple, list, List[Tuple[str, Any]]]] = {}
         if not self._model_vars():
             raise TrialError("the model has no variables yet; build it first (call it once, "
                              "or model.build(input_shape))", reason="no variables")
@@ -189,26 +263,24 @@ class Tracker(AssignTracker):
 
     # ---- the variables -----------------------------------------------------------------
 
+    def _cached(self, slot: str, objs: List[Any], make: Any) -> List[Tuple[str, Any]]:
+        """``make()``, or what it gave last time for the same `objs` (by identity; the
+        cache holds them, so that their ids cannot be reused)."""
+        key = tuple(map(id, objs))
+        hit = self._names.get(slot)
+        if hit is not None and hit[0] == key:
+            return hit[2]
+        pairs = make()
+        self._names[slot] = (key, objs, pairs)
+        return pairs
+
     def _model_vars(self) -> List[Tuple[str, Any]]:
         obj = self.variables
-        if isinstance(obj, dict):
-            return list(obj.items())
-        if _is_keras(obj):
-            return keras_model_variables(obj)
-        tf = _tf()
-        if isinstance(obj, (list, tuple)):
-            names = [v.name.split(":")[0] for v in obj]
-            if len(set(names)) != len(names):  # unnamed variables are all "Variable"
-                names = [f"{i}/{n}" for i, n in enumerate(names)]
-            return list(zip(names, obj))
-        if isinstance(obj, tf.Variable):
-            return [(obj.name.split(":")[0], obj)]
-        if isinstance(obj, tf.Module):
-            pairs = obj._flatten(predicate=lambda x: isinstance(x, tf.Variable), with_path=True)
-            return _unique([("/".join(str(p) for p in path), v) for path, v in pairs],
-                           "the module")
-        raise TypeError("track() takes a tf.Variable, a list or dict of them, a tf.Module or "
-                        f"a Keras model, not {type(obj).__name__}")
+        if not _is_keras(obj):
+            return model_variables(obj)
+        # Keras's own walk (model.variables) finds the variables; their structural names
+        # are worked out again only when those change.
+        return self._cached("model", list(obj.variables), lambda: keras_model_variables(obj))
 
     def _trainable(self) -> List[Any]:
         obj = self.variables
@@ -216,36 +288,64 @@ class Tracker(AssignTracker):
             return list(obj.trainable_variables)
         return [v for _, v in self._model_vars() if getattr(v, "trainable", True)]
 
-    def _optim_vars(self) -> List[Tuple[str, Any]]:
+    def _optim_vars(self, model: Optional[List[Tuple[str, Any]]] = None) -> List[Tuple[str, Any]]:
+        """The optimizer's variables by name; `model`: :meth:`_model_vars`, if known."""
         opt = self.optimizer
         if opt is None:
             return []
         if _is_keras(opt):
-            names = {id(v): n for n, v in self._model_vars()}
-            return keras_optimizer_variables(opt, self._trainable(), names)
+            pairs = self._model_vars() if model is None else model
+            trainable = self._trainable()
+            names = {id(v): n for n, v in pairs}
+            if not getattr(opt, "built", True):
+                return keras_optimizer_variables(opt, trainable, names)  # builds it
+            objs = [*opt.variables, None, *trainable, None, *(v for _, v in pairs)]
+            return self._cached("optim", objs,
+                                lambda: keras_optimizer_variables(opt, trainable, names))
         return _unique([(v.name.split(":")[0], v) for v in opt.variables], "the optimizer")
+
+    def _model_bytes(self) -> int:
+        return variables_bytes(self._model_vars())
 
     def _live(self) -> Tuple[Dict[str, Any], Dict[str, Any], set]:
         self._fresh = {}
+        self._gave_held = {}  # (what an operation that raised midway left)
         out: Dict[str, Any] = {}
-        tokens: Dict[str, Any] = {}
-        untrusted: set = set()
         seen = set()
-        for prefix, pairs in (("model/", self._model_vars()), ("optim/", self._optim_vars())):
+        model = self._model_vars()
+        for prefix, pairs in (("model/", model), ("optim/", self._optim_vars(model))):
             for key, v in pairs:
                 if id(v) in seen:
                     continue
                 seen.add(id(v))
-                name = prefix + key
-                out[name] = v
-                tokens[name] = tok = self._token(v)
-                if tok is None:  # 0-d and empty variables: compared, which is cheap
-                    untrusted.add(name)
+                out[prefix + key] = v
+        reads = self._read_all(list(out.values()))
+        tokens: Dict[str, Any] = {}
+        untrusted: set = set()
+        for i, (name, v) in enumerate(out.items()):
+            tokens[name] = tok = self._token(v) if reads is None else self._token_of(v, reads[i])
+            if tok is None:  # 0-d and empty variables: compared, which is cheap
+                untrusted.add(name)
         return out, tokens, untrusted
 
     def _var(self, v: Any) -> Any:
         tf = _tf()
         return v if isinstance(v, tf.Variable) else v.value  # a Keras variable's tf.Variable
+
+    def _read_all(self, variables: List[Any]) -> Optional[List[Any]]:
+        """Every variable's value as an eager tensor sharing its buffer, read by one call
+        of a concrete function (traced again only when the set of variables changes): a
+        few microseconds per variable, where an eager ``read_value`` each costs tens."""
+        if not variables:
+            return []
+        # Keyed by the tracked objects (a built Keras variable keeps its tf.Variable).
+        key = tuple(map(id, variables))
+        if self._reader is None or self._reader[0] != key:
+            tf = _tf()
+            tvs = [self._var(v) for v in variables]
+            fn = tf.function(lambda: [t.read_value() for t in tvs], autograph=False)
+            self._reader = (key, fn.get_concrete_function(), list(variables))
+        return self._reader[1]()
 
     def _read(self, v: Any) -> Any:
         """The variable's value as an eager tensor sharing its buffer: the one read by
@@ -254,16 +354,38 @@ class Tracker(AssignTracker):
         return t if t is not None else self._var(v).read_value()
 
     def _token(self, v: Any) -> Any:
-        t = self._var(v).read_value()
+        given = self._gave_held.pop(id(v), None)
+        if given is not None:
+            # Assigned a held tensor: the variable shares its buffer (unless TensorFlow
+            # copied, in copy-on-read mode: then the next read shows another address and
+            # the variable is compared), and that tensor holds the synced values.
+            self._pending[id(v)] = given
+            return given[0]
+        return self._token_of(v, self._var(v).read_value())
+
+    def _token_of(self, v: Any, t: Any) -> Any:
+        """The token of `t`, just read from `v`: its buffer's address, shape and dtype."""
         self._fresh[id(v)] = t
-        self._pending[id(v)] = t  # held: the buffer cannot be reused while we compare
         a = t._numpy()
         if not isinstance(a, np.ndarray) or not a.size:
-            return None  # a 0-d value comes as a NumPy scalar (a copy): always compared
-        return (a.__array_interface__["data"][0], a.shape, a.dtype.str)
+            tok = None  # a 0-d value comes as a NumPy scalar (a copy): always compared
+        else:
+            tok = (a.__array_interface__["data"][0], a.shape, a.dtype.str)
+        self._pending[id(v)] = (tok, t)  # held: the buffer cannot be reused while we compare
+        return tok
 
     def _synced_now(self) -> None:
         self._keep, self._pending = self._pending, {}
+        self._gave_held = {}
+
+    def _held_value(self, name: str, var: Any) -> Any:
+        """The tensor read at the last sync, when its token is the one recorded for
+        `name` (TensorFlow copied on write since: it still holds the synced values)."""
+        kept = self._keep.get(id(var))
+        if kept is None or kept[0] is None or kept[0] != self._synced.get(name):
+            return None
+        self._gave_held[id(var)] = kept
+        return kept[1]
 
     def _np(self, name: str, v: Any) -> np.ndarray:
         """A read-only NumPy view of the variable's current buffer (bool as uint8)."""
@@ -279,11 +401,13 @@ class Tracker(AssignTracker):
         a.flags.writeable = False
         return a
 
-    def _assign(self, name: str, var: Any, value: np.ndarray) -> None:
-        if self._kinds.get(name) == np.bool_:
+    def _assign(self, name: str, var: Any, value: Any) -> None:
+        """Assign a NumPy array (shape and dtype checked against the target; bool stored
+        as bytes) or a held tensor (which the variable then shares: no copy)."""
+        if isinstance(value, np.ndarray) and self._kinds.get(name) == np.bool_:
             value = value.view(np.bool_)
         self._fresh.pop(id(var), None)
-        self._var(var).assign(value)  # shape and dtype were checked against the target
+        self._var(var).assign(value)
 
     def _plain(self, key: str, v: Any) -> Any:
         if hasattr(v, "numpy") and not isinstance(v, (bool, int, float, str)):
@@ -303,10 +427,11 @@ def track(variables: Any, optimizer: Any = None, *,
     Without `path`: commits their current values in a new in-memory store (nothing is
     written to disk). With `path`: opens (or creates) the repository there; if it holds
     a history, its HEAD is assigned to the variables (resume), else their values are
-    committed; call ``tracker.save()`` to write new versions. Other keyword arguments go
-    to :class:`Tracker`."""
+    committed; call ``tracker.save()`` to write new versions. The store gets a memory
+    budget of ``DEFAULT_BUDGET_MODELS`` (4) times the bytes of `variables` (pass
+    ``store=`` to choose another). Other keyword arguments go to :class:`Tracker`."""
     if path is not None:
         if "store" in kwargs:
             raise TypeError("track() takes path= or store=, not both")
-        kwargs["store"] = Store.open(path)
+        kwargs["store"] = tracker_store(path, variables_bytes(model_variables(variables)))
     return Tracker(variables, optimizer, **kwargs)

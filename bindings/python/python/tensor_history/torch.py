@@ -75,10 +75,10 @@ import numpy as np
 
 from ._core import Store
 from ._errors import TrialError
-from ._tracker import NotJson, Trial
+from ._tracker import DEFAULT_BUDGET_MODELS, NotJson, Trial, default_budget, tracker_store
 from ._tracker import Tracker as _Tracker
 
-__all__ = ["Tracker", "Trial", "track"]
+__all__ = ["DEFAULT_BUDGET_MODELS", "Tracker", "Trial", "default_memory_budget", "track"]
 
 
 def _torch() -> Any:
@@ -97,17 +97,9 @@ def _same_object(v: Any) -> Any:
 SCALARS_KEY = "_torch.scalars"
 """Metadata key of the optimizer's hyper-parameters and non-tensor state (JSON)."""
 
-#: Without a store given, a tracker's store gets a memory budget of this many times the
-#: model's state_dict bytes at the time of tracking (room for HEAD, an optimizer state of
-#: two moments, and a working copy); versions past it are kept encoded as lossless XOR
-#: deltas (see ``Store(memory_budget=...)``), so a dense training loop that keeps every
-#: step no longer holds a full copy per step.
-DEFAULT_BUDGET_MODELS = 4
-
-
-def default_memory_budget(model: Any) -> Optional[int]:
-    """The memory budget a tracker of `model` gets by default: ``DEFAULT_BUDGET_MODELS``
-    times its state_dict's bytes (``None``, no budget, for a model without tensors)."""
+def model_bytes(model: Any) -> int:
+    """The bytes of `model`'s state_dict tensors (what the default memory budget is
+    computed from; see ``DEFAULT_BUDGET_MODELS``)."""
     total = 0
     for v in model.state_dict().values():
         try:
@@ -119,7 +111,13 @@ def default_memory_budget(model: Any) -> Optional[int]:
         if n is None and hasattr(v, "numel") and hasattr(v, "element_size"):
             n = v.numel() * v.element_size()
         total += int(n or 0)
-    return DEFAULT_BUDGET_MODELS * total if total else None
+    return total
+
+
+def default_memory_budget(model: Any) -> Optional[int]:
+    """The memory budget a tracker of `model` gets by default: ``DEFAULT_BUDGET_MODELS``
+    times its state_dict's bytes (``None``, no budget, for a model without tensors)."""
+    return default_budget(model_bytes(model))
 
 
 class Tracker(_Tracker):
@@ -146,8 +144,6 @@ class Tracker(_Tracker):
     ) -> None:
         self.model = model
         self.optimizer = optimizer
-        if store is None:
-            store = Store(memory_budget=default_memory_budget(model))
         self._kinds: Dict[str, Any] = {}
         # Indices (into the optimizer's parameters) of the parameters an optimizer step
         # may have changed since the last sync, without advancing version counters.
@@ -166,6 +162,9 @@ class Tracker(_Tracker):
             self._hook = register(hook)
         super().__init__(store=store, message=message, trust_versions=trust_versions,
                          resume=resume)
+
+    def _model_bytes(self) -> int:
+        return model_bytes(self.model)
 
     # ---- the tensors -------------------------------------------------------------------
 
@@ -399,5 +398,5 @@ def track(model: Any, optimizer: Any = None, *,
     if path is not None:
         if "store" in kwargs:
             raise TypeError("track() takes path= or store=, not both")
-        kwargs["store"] = Store.open(path, memory_budget=default_memory_budget(model))
+        kwargs["store"] = tracker_store(path, model_bytes(model))
     return Tracker(model, optimizer, **kwargs)
