@@ -15,7 +15,9 @@ use super::format::{
     HeadJson, IndexBody, IndexPack, Kind, PrunedJson, GC_PREFIX, HEAD_KEY, INDEX_PREFIX,
     MANIFESTS_PREFIX, PACKS_PREFIX, PRUNED_PREFIX, REFS_PREFIX, VERSIONS_PREFIX,
 };
-use super::generation::{close_generation, now_ns, start_generation, trim_generations};
+use super::generation::{
+    close_generation, now_ns, start_generation, trim_generations, DEFAULT_DELETE_WITHIN,
+};
 use super::index::read_index_files;
 use super::pack::{read_chunk, write_pack, Loc, Span, WrittenPack};
 use super::refs;
@@ -26,9 +28,6 @@ use crate::store::Store;
 
 /// Default [`GcOptions::grace`]: one hour, longer than any save is expected to take.
 pub const DEFAULT_GC_GRACE: Duration = Duration::from_secs(3600);
-
-/// Default [`GcOptions::delete_within`]: 30 seconds.
-pub const DEFAULT_DELETE_WITHIN: Duration = Duration::from_secs(30);
 
 fn default_delete_within() -> Duration {
     DEFAULT_DELETE_WITHIN

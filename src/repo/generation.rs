@@ -24,12 +24,16 @@ use super::format::{
     generation_key, id_of_key, parse_gc, parse_generation_key, parse_json, to_json, GcBody,
     GenerationJson, GC_PREFIX, GENERATIONS_PREFIX,
 };
-use super::gc::DEFAULT_DELETE_WITHIN;
 use super::RepoLink;
 use crate::error::{Error, Result};
 use crate::hash::ContentHash;
 use crate::history::History;
 use crate::version::VersionId;
+
+/// Default [`GcOptions::delete_within`](crate::GcOptions::delete_within): 30 seconds.
+/// An entry written without a deadline (by an earlier build) is read as covering its
+/// run's records for this long after it started.
+pub const DEFAULT_DELETE_WITHIN: Duration = Duration::from_secs(30);
 
 /// Most entries a gc run tries to create when other runs take the next ones first.
 const MAX_GENERATION_TRIES: u64 = 64;
