@@ -310,6 +310,14 @@ fn a_stated_length_above_the_bound_is_refused_before_allocating() {
         let r = decode(&huge, &id(&raw), usize::MAX, Some(&base));
         assert!(r.is_err(), "{r:?}");
     }
+    // The same with every plane zstd-coded (no raw plane whose length gives it away):
+    // each frame states the plane's length, checked before anything is allocated.
+    let zeros = vec![0u8; 4096];
+    let mut huge = encode_as(Method::Planes, &zeros, 4, None).into_bytes();
+    assert_eq!(huge[3], 0, "all planes zstd-coded");
+    huge[4..12].copy_from_slice(&(1u64 << 50).to_le_bytes());
+    let r = decode(&huge, &id(&zeros), usize::MAX, None);
+    assert!(matches!(r, Err(CodecError::BadPayload { .. })), "{r:?}");
 }
 
 #[test]
@@ -324,13 +332,98 @@ fn bad_header_fields_are_typed_errors() {
     assert_eq!(check(0, 9), CodecError::UnsupportedVersion { found: 9 });
     assert_eq!(check(1, 7), CodecError::UnknownMethod { found: 7 });
     assert!(matches!(check(2, 3), CodecError::BadHeader { .. }));
-    assert!(matches!(check(3, 1), CodecError::BadHeader { .. }));
+    // Raw-plane flags naming a plane the width does not have.
+    assert!(matches!(check(3, 0x10), CodecError::BadHeader { .. }));
+    // Raw-plane flags on a raw chunk.
+    let mut raw_flagged = all[0].clone();
+    raw_flagged[3] = 1;
+    let r = decode(&raw_flagged, &id(&raw), raw.len(), Some(&base));
+    assert!(matches!(r, Err(CodecError::BadHeader { .. })), "{r:?}");
+    // A zstd plane flagged raw: its stored length is not the plane's.
+    let mut delta = all[2].clone();
+    let h = Header::parse(&delta, usize::MAX).unwrap();
+    let zstd_plane = (0..4).find(|p| h.raw_planes >> p & 1 == 0).unwrap();
+    delta[3] |= 1 << zstd_plane;
+    let r = decode(&delta, &id(&raw), raw.len(), Some(&base));
+    assert!(matches!(r, Err(CodecError::BadHeader { .. })), "{r:?}");
     assert_eq!(
-        Header::parse(&planes[..HEADER_LEN], usize::MAX)
+        Header::parse(&planes[..HEADER_LEN + 4 * 4], usize::MAX)
             .unwrap()
             .method,
         Method::Planes
     );
+}
+
+#[test]
+fn a_delta_stores_random_planes_raw_and_the_others_zstd_coded() {
+    let (raw, base, all) = sample();
+    let delta = &all[2];
+    let h = Header::parse(delta, usize::MAX).unwrap();
+    // The step changed every element's lowest byte at random (plane 0: raw), 6 bits of
+    // the next (plane 1: compressible), nothing above (planes 2 and 3: compressible).
+    assert_eq!(h.raw_planes, 0b0001);
+    let n = raw.len() / 4;
+    assert_eq!(h.plane_lens[0] as usize, n);
+    assert!(
+        h.plane_lens[1..4].iter().all(|&l| (l as usize) < n),
+        "{h:?}"
+    );
+    assert_eq!(
+        delta.len(),
+        h.len() + h.plane_lens[..4].iter().map(|&l| l as usize).sum::<usize>()
+    );
+    let back = decode(delta, &id(&raw), raw.len(), Some(&base)).unwrap();
+    assert_eq!(&*back, &raw[..]);
+    // Random bytes in every plane: all stored raw, and still decoded bit for bit.
+    let mut rng = Rng(5);
+    let noise: Vec<u8> = (0..1027).map(|_| rng.next() as u8).collect();
+    for width in [2, 4, 8] {
+        let e = encode_as(Method::Planes, &noise, width, None);
+        assert_eq!(u32::from(e.header().raw_planes), (1u32 << width) - 1);
+        let back = decode(e.as_bytes(), &id(&noise), noise.len(), None).unwrap();
+        assert_eq!(&*back, &noise[..]);
+    }
+}
+
+#[test]
+fn damage_in_a_raw_plane_is_a_hash_mismatch_never_other_bytes() {
+    let (raw, base, all) = sample();
+    let delta = &all[2];
+    let h = Header::parse(delta, usize::MAX).unwrap();
+    assert_eq!(h.raw_planes & 1, 1, "plane 0 is stored raw");
+    let start = h.len();
+    for i in (start..start + h.plane_lens[0] as usize).step_by(13) {
+        let mut bad = delta.clone();
+        bad[i] ^= 0x01;
+        let r = decode(&bad, &id(&raw), raw.len(), Some(&base));
+        assert!(
+            matches!(r, Err(CodecError::HashMismatch { expected, .. }) if expected == id(&raw)),
+            "flip at {i}: {r:?}"
+        );
+    }
+    // The same in a link of a chain below the chunk (its planes XOR-ed into the chunk's).
+    let (v, links) = chain(4, 4096, Method::Planes, &[4]);
+    let h = Header::parse(&links[1], usize::MAX).unwrap();
+    assert_eq!(h.raw_planes & 1, 1, "the link's plane 0 is stored raw");
+    let mut bad = links.clone();
+    bad[1][h.len() + 7] ^= 0x80;
+    let refs: Vec<&[u8]> = bad.iter().map(|x| &x[..]).collect();
+    let r = decode_chain(&refs, None, &id(&v[3]), 4096);
+    assert!(
+        matches!(r, Err(CodecError::HashMismatch { expected, .. }) if expected == id(&v[3])),
+        "{r:?}"
+    );
+}
+
+#[test]
+fn a_payload_longer_than_its_planes_is_an_error() {
+    let (raw, base, all) = sample();
+    for enc in &all[1..] {
+        let mut long = enc.clone();
+        long.push(0);
+        let r = decode(&long, &id(&raw), raw.len(), Some(&base));
+        assert!(matches!(r, Err(CodecError::BadPayload { .. })), "{r:?}");
+    }
 }
 
 #[test]

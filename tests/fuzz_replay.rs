@@ -58,7 +58,7 @@ const TARGETS: &[(&str, Runner, usize)] = &[
     ("store_actions", store_actions, 1),
     ("repo_object", repo_object, 9),
     ("safetensors_import", safetensors_import, 7),
-    ("chunk_decode", chunk_decode, 8),
+    ("chunk_decode", chunk_decode, 10),
 ];
 
 #[test]
@@ -84,4 +84,58 @@ fn every_committed_fuzz_input_passes() {
         }
         println!("{target}: {} inputs replayed", files.len());
     }
+}
+
+/// The committed `decode-*` seeds of `chunk_decode` are encoded chunks of the codec
+/// version this build writes (regenerated when it changes), so replaying them runs the
+/// decoder to its end: whole and damaged ones reach the hash check (their id, the hash
+/// of the input, matches no decoded bytes), cut ones stop at a truncation.
+#[test]
+fn committed_chunk_seeds_reach_the_decoders_hash_check() {
+    use tensor_history::codec::{decode, CodecError, Header, Method};
+    use tensor_history::ContentHash;
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus/chunk_decode");
+    let mut methods = Vec::new();
+    for entry in std::fs::read_dir(&dir).expect("the chunk_decode corpus") {
+        let path = entry.expect("a directory entry").path();
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        if !name.starts_with("decode-") {
+            continue;
+        }
+        let data = std::fs::read(&path).expect("a corpus file");
+        let encoded = &data[1..];
+        let h = Header::parse(encoded, 64 * 1024).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let base: Vec<u8> = (0..h.raw_len).map(|i| (i * 7 % 251) as u8).collect();
+        let r = decode(
+            encoded,
+            &ContentHash::of_bytes(encoded),
+            64 * 1024,
+            Some(&base),
+        );
+        if name.ends_with("-cut") {
+            assert!(
+                matches!(r, Err(CodecError::Truncated { .. })),
+                "{name}: {r:?}"
+            );
+        } else {
+            assert!(
+                matches!(r, Err(CodecError::HashMismatch { .. })),
+                "{name}: {r:?}"
+            );
+            methods.push((h.method, h.width, h.raw_planes));
+        }
+    }
+    // Every method, and deltas with planes both raw and zstd-coded.
+    for m in [Method::Raw, Method::Planes, Method::XorPlanes] {
+        assert!(
+            methods.iter().any(|s| s.0 == m),
+            "no seed of {m}: {methods:?}"
+        );
+    }
+    assert!(
+        methods.iter().any(|&(m, w, raw)| m == Method::XorPlanes
+            && raw != 0
+            && u32::from(raw) != (1u32 << w) - 1),
+        "no delta seed with mixed planes: {methods:?}"
+    );
 }
