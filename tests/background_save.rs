@@ -4,50 +4,19 @@
 
 mod common;
 
-use std::collections::BTreeMap;
 use std::io::ErrorKind;
 use std::sync::Arc;
 
 use ndarray::{ArrayD, IxDyn};
-use tensor_history::{
-    Backend, Config, ContentHash, Error, MemoryBackend, Ref, Retention, SimBackend, Store,
-};
+use tensor_history::{Backend, Config, Error, MemoryBackend, Retention, SimBackend, Store};
 
-use common::ramp;
+use common::{fingerprint, ramp};
 
 /// 4 KiB chunks, so that the tensors below have a few hundred of them.
 fn config() -> Config {
     Config {
         chunk_bytes: 4 << 10,
         ..Config::default()
-    }
-}
-
-/// What a repository (or a store) holds, by content address: refs, HEAD and every
-/// version's contents.
-#[derive(Debug, PartialEq, Eq)]
-struct Fingerprint {
-    head: Option<ContentHash>,
-    branch: Option<String>,
-    refs: BTreeMap<String, (bool, ContentHash)>,
-    versions: BTreeMap<ContentHash, ContentHash>,
-}
-
-fn fingerprint(s: &Store) -> Fingerprint {
-    let h = |id| s.version_hash(id).unwrap();
-    Fingerprint {
-        head: s.head().map(h),
-        branch: s.current_branch().map(str::to_owned),
-        refs: s
-            .refs()
-            .into_iter()
-            .map(|(n, r)| (n, (matches!(r, Ref::Branch(_)), h(r.target()))))
-            .collect(),
-        versions: s
-            .versions()
-            .into_iter()
-            .map(|id| (h(id), s.snapshot(id).unwrap().content_hash()))
-            .collect(),
     }
 }
 

@@ -3,48 +3,19 @@
 
 mod common;
 
-use std::collections::BTreeMap;
 use std::io::ErrorKind;
 use std::sync::Arc;
 
 use tensor_history::{
-    Backend, Config, ContentHash, Error, GcOptions, Ref, Retention, SimBackend, Store,
+    Backend, Config, ContentHash, Error, GcOptions, Retention, SimBackend, Store,
 };
 
-use common::{ramp, CHUNK_BYTES};
+use common::{fingerprint, ramp, Fingerprint, CHUNK_BYTES};
 
 fn config() -> Config {
     Config {
         chunk_bytes: CHUNK_BYTES,
         ..Config::default()
-    }
-}
-
-/// What a reopened store must show: refs by content address, HEAD and every version's
-/// contents.
-#[derive(Debug, PartialEq, Eq)]
-struct Fingerprint {
-    head: Option<ContentHash>,
-    branch: Option<String>,
-    refs: BTreeMap<String, (bool, ContentHash)>,
-    versions: BTreeMap<ContentHash, ContentHash>,
-}
-
-fn fingerprint(s: &Store) -> Fingerprint {
-    let h = |id| s.version_hash(id).unwrap();
-    Fingerprint {
-        head: s.head().map(h),
-        branch: s.current_branch().map(str::to_owned),
-        refs: s
-            .refs()
-            .into_iter()
-            .map(|(n, r)| (n, (matches!(r, Ref::Branch(_)), h(r.target()))))
-            .collect(),
-        versions: s
-            .versions()
-            .into_iter()
-            .map(|id| (h(id), s.snapshot(id).unwrap().content_hash()))
-            .collect(),
     }
 }
 

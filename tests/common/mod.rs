@@ -129,3 +129,37 @@ pub const CODEC_CHUNK_LENS: &[usize] = &[
     65_536 + 3,
     256 * 1024,
 ];
+
+/// What a repository (or a store) holds, by content address: refs, HEAD and every
+/// version's contents.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Fingerprint {
+    pub head: Option<tensor_history::ContentHash>,
+    pub branch: Option<String>,
+    pub refs: std::collections::BTreeMap<String, (bool, tensor_history::ContentHash)>,
+    pub versions:
+        std::collections::BTreeMap<tensor_history::ContentHash, tensor_history::ContentHash>,
+}
+
+pub fn fingerprint(s: &Store) -> Fingerprint {
+    let h = |id| s.version_hash(id).unwrap();
+    Fingerprint {
+        head: s.head().map(h),
+        branch: s.current_branch().map(str::to_owned),
+        refs: s
+            .refs()
+            .into_iter()
+            .map(|(n, r)| {
+                (
+                    n,
+                    (matches!(r, tensor_history::Ref::Branch(_)), h(r.target())),
+                )
+            })
+            .collect(),
+        versions: s
+            .versions()
+            .into_iter()
+            .map(|id| (h(id), s.snapshot(id).unwrap().content_hash()))
+            .collect(),
+    }
+}
