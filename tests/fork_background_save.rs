@@ -3,42 +3,15 @@
 //! `multiprocessing` and PyTorch's `DataLoader` workers fork training processes).
 #![cfg(unix)]
 
+mod common;
+
+use common::{in_child, Ended};
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ndarray::{ArrayD, IxDyn};
 use tensor_history::{Backend, Config, Error, MemoryBackend, Store};
-
-/// Fork; the child runs `child` and exits 0 if it returns true. The parent waits up to
-/// 60 s and returns the child's exit status (`None`: it hung and was killed).
-#[allow(unsafe_code)]
-fn in_child(child: impl FnOnce() -> bool) -> Option<i32> {
-    // SAFETY: the child only runs `child` and `_exit`s; the test is alone in this binary.
-    let pid = unsafe { libc::fork() };
-    assert!(pid >= 0, "fork failed");
-    if pid == 0 {
-        let ok = std::panic::catch_unwind(std::panic::AssertUnwindSafe(child)).unwrap_or(false);
-        // SAFETY: ends the child without running the parent's destructors or test harness.
-        unsafe { libc::_exit(if ok { 0 } else { 1 }) };
-    }
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let mut status = 0;
-    loop {
-        // SAFETY: plain system calls on the child's pid.
-        let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
-        if r == pid {
-            return libc::WIFEXITED(status).then(|| libc::WEXITSTATUS(status));
-        }
-        if Instant::now() > deadline {
-            unsafe {
-                libc::kill(pid, libc::SIGKILL);
-                libc::waitpid(pid, &mut status, 0);
-            }
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
 
 #[test]
 fn a_forked_child_neither_waits_for_nor_uses_the_parents_background_save() {
@@ -65,7 +38,7 @@ fn a_forked_child_neither_waits_for_nor_uses_the_parents_background_save() {
         drop(s);
         waited && saved && committed && started.elapsed() < Duration::from_secs(30)
     });
-    assert_eq!(status, Some(0), "the forked child hung (None) or failed");
+    assert_eq!(status, Ended::Exited(0), "the forked child hung or failed");
 }
 
 #[test]
@@ -77,7 +50,7 @@ fn the_parent_saves_as_usual_after_a_fork() {
     s.insert("w", &a.view()).unwrap();
     s.commit("c").unwrap();
     let pending = s.save_in_background().unwrap();
-    assert_eq!(in_child(|| true), Some(0));
+    assert_eq!(in_child(|| true), Ended::Exited(0));
     assert_eq!(pending.wait().unwrap().versions_written, 1);
     let r = Store::open_backend(backend, Config::default()).unwrap();
     assert_eq!(r.versions().len(), 1);

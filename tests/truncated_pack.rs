@@ -5,13 +5,16 @@
 //! does (`SIGBUS`, outside the contract), which shows the child's check can fail.
 #![cfg(unix)]
 
+mod common;
+
 use std::fs::OpenOptions;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use ndarray::{ArrayD, IxDyn};
 use tensor_history::{Config, Error, LocalDir, ReadMode, Store};
+
+use common::{in_child, Ended};
 
 const CHUNK_BYTES: usize = 64 << 10;
 
@@ -110,49 +113,6 @@ fn a_pack_truncated_after_it_was_mapped_is_a_corrupt_object_for_chunks_not_read_
         assert!(names_pack(&err, &pack), "{reads:?}: {err:?}");
         let again = s.get::<f32>("b").unwrap_err();
         assert!(names_pack(&again, &pack), "{reads:?} again: {again:?}");
-    }
-}
-
-/// How a child process ended.
-#[derive(Debug, PartialEq, Eq)]
-enum Ended {
-    Exited(i32),
-    Signal(i32),
-    Hung,
-}
-
-/// Fork; the child runs `child` and exits 0 if it returns true. The parent waits up to
-/// 60 s.
-#[allow(unsafe_code)]
-fn in_child(child: impl FnOnce() -> bool) -> Ended {
-    // SAFETY: the child only runs `child` (its own store and files) and `_exit`s.
-    let pid = unsafe { libc::fork() };
-    assert!(pid >= 0, "fork failed");
-    if pid == 0 {
-        let ok = std::panic::catch_unwind(std::panic::AssertUnwindSafe(child)).unwrap_or(false);
-        // SAFETY: ends the child without running the parent's destructors or test harness.
-        unsafe { libc::_exit(if ok { 0 } else { 1 }) };
-    }
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let mut status = 0;
-    loop {
-        // SAFETY: plain system calls on the child's pid.
-        let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
-        if r == pid {
-            if libc::WIFSIGNALED(status) {
-                return Ended::Signal(libc::WTERMSIG(status));
-            }
-            return Ended::Exited(libc::WEXITSTATUS(status));
-        }
-        if Instant::now() > deadline {
-            // SAFETY: as above.
-            unsafe {
-                libc::kill(pid, libc::SIGKILL);
-                libc::waitpid(pid, &mut status, 0);
-            }
-            return Ended::Hung;
-        }
-        std::thread::sleep(Duration::from_millis(20));
     }
 }
 

@@ -163,3 +163,51 @@ pub fn fingerprint(s: &Store) -> Fingerprint {
             .collect(),
     }
 }
+
+/// How a child process ended.
+#[cfg(unix)]
+#[derive(Debug, PartialEq, Eq)]
+pub enum Ended {
+    /// Exited with this status.
+    Exited(i32),
+    /// Killed by this signal.
+    Signal(i32),
+    /// Still running after 60 s: killed.
+    Hung,
+}
+
+/// Fork; the child runs `child` and exits 0 if it returns true. The parent waits up to
+/// 60 s.
+#[cfg(unix)]
+#[allow(unsafe_code)]
+pub fn in_child(child: impl FnOnce() -> bool) -> Ended {
+    // SAFETY: the child only runs `child` and `_exit`s.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork failed");
+    if pid == 0 {
+        let ok = std::panic::catch_unwind(std::panic::AssertUnwindSafe(child)).unwrap_or(false);
+        // SAFETY: ends the child without running the parent's destructors or test harness.
+        unsafe { libc::_exit(if ok { 0 } else { 1 }) };
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let mut status = 0;
+    loop {
+        // SAFETY: plain system calls on the child's pid.
+        let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+        if r == pid {
+            if libc::WIFSIGNALED(status) {
+                return Ended::Signal(libc::WTERMSIG(status));
+            }
+            return Ended::Exited(libc::WEXITSTATUS(status));
+        }
+        if std::time::Instant::now() > deadline {
+            // SAFETY: as above.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+                libc::waitpid(pid, &mut status, 0);
+            }
+            return Ended::Hung;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
