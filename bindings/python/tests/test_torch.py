@@ -171,6 +171,42 @@ def test_background_saves_while_training_resume_in_another_process_bit_for_bit(t
     assert_bitwise(torch.load(repo + ".pt"), here)
 
 
+CHECKPOINT_CHILD = """
+import sys, torch
+import tensor_history as th, tensor_history.torch
+sys.path.insert(0, sys.argv[2])
+from test_torch import small_model, snapshot
+torch.set_num_threads(1)
+m, opt = small_model(torch.float32)
+with torch.no_grad():
+    for p in m.parameters():
+        p.zero_()  # a fresh process's model: other values, and Adam has no state yet
+th.torch.track(m, opt, path=sys.argv[1])
+torch.save(snapshot(m, opt), sys.argv[1] + ".pt")
+"""
+
+
+def test_a_loop_with_checkpoint_every_resumes_in_another_process_bit_for_bit(tmp_path):
+    import subprocess
+    import sys
+
+    m, opt = small_model(torch.float32)
+    repo = str(tmp_path / "run")
+    with th.torch.track(m, opt) as tr:
+        tr.checkpoint_every(3, path=repo)
+        for i in range(12):
+            with tr.trial() as t:
+                step(m, opt, i, lr=1e-2 + i * 1e-3)
+                if i % 4 != 3:  # nine kept steps: three checkpoints
+                    t.keep()
+        here = snapshot(m, opt)
+    # the end of the with block waited for the last checkpoint
+    subprocess.run([sys.executable, "-c", CHECKPOINT_CHILD, repo, os.path.dirname(__file__)],
+                   check=True)
+    assert_bitwise(torch.load(repo + ".pt"), here)
+    assert len(th.Store.open(repo).log()) == 1 + 9
+
+
 def test_restore_under_a_live_graph_makes_backward_raise():
     m, opt = small_model()
     tr = th.torch.track(m, opt)

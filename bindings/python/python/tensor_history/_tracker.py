@@ -85,8 +85,11 @@ class Trial:
             raise TrialError("keep() after the trial's with block ended", reason="trial ended")
         if self.base is None:
             raise TrialError("keep() outside the trial's with block", reason="not entered")
-        v = self._tracker._commit(message if message is not None else self.message, metadata)
+        tr = self._tracker
+        tr._checkpoint_outcome()
+        v = tr._commit(message if message is not None else self.message, metadata)
         self.kept = v
+        tr._checkpoint_after_commit()
         return v
 
     def __enter__(self) -> "Trial":
@@ -145,6 +148,11 @@ class Tracker:
         self._held: List[Any] = []
         self._synced_head: Optional[Version] = None
         self._extras: Dict[Version, Any] = {}
+        # checkpoint_every(): every how many kept steps, the save in flight, and the kept
+        # steps since the last checkpoint started.
+        self._ckpt_every: Optional[int] = None
+        self._ckpt_pending: Optional[PendingSave] = None
+        self._ckpt_since = 0
         head = self.store.head()
         held = head is not None and any(
             n.startswith(self.MODEL_PREFIX) for n in self.store.snapshot(head))
@@ -485,7 +493,10 @@ class Tracker:
         """Commit the model and optimizer: compares (or, by identity tokens, skips) each
         tensor, copies changed chunks only, then an O(1) commit."""
         self._check_idle("commit")
-        return self._commit(message, metadata)
+        self._checkpoint_outcome()
+        v = self._commit(message, metadata)
+        self._checkpoint_after_commit()
+        return v
 
     def is_dirty(self) -> bool:
         """Whether the model, the optimizer state or the hyper-parameters changed since
@@ -571,11 +582,94 @@ class Tracker:
         writer thread while training goes on (no copy of the model is made; see
         :meth:`Store.save`); with `path`, the store is bound there by a save first."""
         self._check_idle("save")
+        self._checkpoint_outcome(wait=True)
         if background:
             if path is not None:
                 self.store.save_as(path)
             return self.store.save(background=True)
         return self.store.save_as(path) if path is not None else self.store.save()
+
+    def checkpoint_every(
+        self,
+        n: Optional[int],
+        path: Union[str, "os.PathLike[str]", None] = None,
+    ) -> None:
+        """Save in the background after every `n`-th kept step (a trial's ``keep()`` or a
+        ``commit()``), without a loop of your own; ``None`` stops it (a checkpoint in
+        flight goes on; ``close()`` waits for it). With `path`, the store is first bound
+        to the repository there by a blocking save (as ``save(path)``); without, the store
+        must have a repository already (``track(..., path=...)``).
+
+        A checkpoint costs the caller what ``save(background=True)`` does: it captures
+        the versions to write, O(versions), with no copy of the model; a writer thread
+        writes only the chunks the repository lacks while training goes on.
+
+        At most one checkpoint is in flight: one that falls due while the previous one
+        still writes is **deferred**, never stacked and never waited for; it starts at
+        the first kept step after the previous one ended, and writes every version kept
+        since (so no kept step is left out, only later). Errors are never dropped: a
+        checkpoint's error (``StorageError``, ``BranchMoved``, ...) is raised by the next
+        ``keep()`` or ``commit()`` after it ended, before that call commits anything
+        (the call changes nothing; call it again to go on, as the next checkpoint will
+        meet the cause again until it is dealt with), or else by ``save()`` or
+        ``close()``. Raises ``InvalidArgument`` for `n` < 1 or without a repository.
+        """
+        from ._errors import InvalidArgument
+
+        self._check_idle("checkpoint_every")
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+            raise InvalidArgument(f"checkpoint_every needs a whole number >= 1 or None, got {n!r}")
+        if n is not None and path is None and self.store.location is None:
+            raise InvalidArgument(
+                "checkpoint_every needs a repository: pass path=, or track(..., path=...)")
+        if path is not None:
+            self.save(path)
+        self._ckpt_every = n
+        self._ckpt_since = 0
+
+    def _checkpoint_outcome(self, wait: bool = False) -> None:
+        """Raise the error of a checkpoint that ended (with `wait`: after waiting for the
+        one in flight); an outcome is taken once."""
+        p = self._ckpt_pending
+        if p is None or not (wait or p.done()):
+            return
+        self._ckpt_pending = None
+        p.wait()
+
+    def _checkpoint_after_commit(self) -> None:
+        """Count a kept step; start the checkpoint that is due unless one is in flight."""
+        if self._ckpt_every is None:
+            return
+        self._ckpt_since += 1
+        if self._ckpt_since < self._ckpt_every:
+            return
+        p = self._ckpt_pending
+        if p is not None and not p.done():
+            return  # deferred: the first kept step after it ended starts it
+        self._checkpoint_outcome()
+        self._ckpt_pending = self.store.save(background=True)
+        self._ckpt_since = 0
+
+    def close(self) -> None:
+        """End the tracker's use: wait for the checkpoint in flight, write a checkpoint
+        that was due but deferred (blocking), then close the store (see
+        :meth:`Store.close`). Raises the first error among them; the store is closed
+        in any case. Kept steps past the last due checkpoint are not saved: call
+        ``save()`` first for those. Also the end of ``with track(...) as tracker:``."""
+        try:
+            self._checkpoint_outcome(wait=True)
+            if self._ckpt_every is not None and self._ckpt_since >= self._ckpt_every:
+                self.store.save()
+                self._ckpt_since = 0
+        finally:
+            self.store.close()
+
+    def __enter__(self) -> "Tracker":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        self.close()
+        return False
 
     def trial(self, message: str = "trial") -> Trial:
         """A ``with`` block whose changes are kept only if ``keep()`` is called."""
