@@ -175,6 +175,20 @@ pub(crate) struct InFlight {
     pub(crate) saved: HashMap<VersionId, ContentHash>,
 }
 
+impl InFlight {
+    /// The content addresses of the saved versions once this save is done: waits for
+    /// the writer (in this process) and takes what it saved, which may name parents
+    /// that the store pruned since the save captured its history. O(saved versions).
+    pub(crate) fn saved_when_done(&self) -> HashMap<VersionId, ContentHash> {
+        if self.slot.in_this_process() {
+            if let Some(f) = &self.slot.wait_done().finished {
+                return f.link.saved.clone();
+            }
+        }
+        self.saved.clone()
+    }
+}
+
 /// A store's background save state.
 #[derive(Default)]
 pub(crate) struct Background {

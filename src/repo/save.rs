@@ -425,16 +425,22 @@ impl Store {
     /// once the version is saved or loaded.
     ///
     /// O(1) for a saved version; else O(chunks of it and its unsaved ancestors) hashing.
+    /// With a [background save](Store::save_in_background) in flight, a version that was
+    /// not saved before it waits for that save to end (the save may have written it
+    /// with parents pruned since).
     ///
     /// # Errors
     ///
     /// [`Error::UnknownVersion`], [`Error::PrunedVersion`].
     pub fn version_hash(&self, id: VersionId) -> Result<ContentHash> {
         self.hist.node(id)?;
-        // While a background save runs, the versions saved before it.
+        // While a background save runs, the versions saved before it, and, for a
+        // version they lack, what that save wrote once it is done: it may have written
+        // the version with parents this store pruned since.
         let mut known: HashMap<VersionId, ContentHash> = match (&self.repo, &self.bg.inflight) {
             (Some(b), _) => b.saved.clone(),
-            (None, Some(f)) => f.saved.clone(),
+            (None, Some(f)) if f.saved.contains_key(&id) => f.saved.clone(),
+            (None, Some(f)) => f.saved_when_done(),
             (None, None) => HashMap::new(),
         };
         if let Some(h) = known.get(&id) {
