@@ -24,7 +24,7 @@ use super::backend::Backend;
 use super::format::version_key;
 use super::save::{save_into, SaveStats};
 use super::RepoLink;
-use crate::chunk::{Chunk, Pool};
+use crate::chunk::Chunk;
 use crate::error::{Error, Result};
 use crate::hash::ContentHash;
 use crate::history::History;
@@ -420,24 +420,12 @@ impl Store {
             }
         }
         if !f.evict.is_empty() {
-            let pooled_before = self.pool().map(Pool::buffers);
-            let working: HashSet<usize> = self
-                .working
-                .values()
-                .flat_map(|t| t.chunks().map(Chunk::addr))
-                .collect();
             let ids: Vec<VersionId> = link.saved.keys().copied().collect();
-            self.replace_chunks_in(ids, |c| {
-                if c.is_stored() || working.contains(&c.addr()) {
-                    return None;
-                }
-                let (raw, stored) = f.evict.get(&c.addr())?;
+            let evict = f.evict;
+            self.evict_saved(ids, move |c| {
+                let (raw, stored) = evict.get(&c.addr())?;
                 raw.ptr_eq(c).then(|| stored.clone())
             });
-            drop(f.evict);
-            if let (Some(pool), Some(keep)) = (self.pool(), pooled_before) {
-                pool.truncate(keep);
-            }
         }
         self.repo = Some(link);
     }

@@ -471,32 +471,47 @@ impl Store {
     /// leave the process: the pool is cut back to what it held before, so that the heap
     /// and the pool together hold about the working state after a save.
     fn evict(&mut self, b: &RepoLink) {
-        let pooled_before = self.pool().map(Pool::buffers);
-        self.evict_chunks(b);
-        if let (Some(pool), Some(keep)) = (self.pool(), pooled_before) {
-            pool.truncate(keep);
-        }
+        let ids: Vec<VersionId> = b.saved.keys().copied().collect();
+        let mut replaced: HashMap<usize, Chunk> = HashMap::new();
+        self.evict_saved(ids, |c| {
+            c.cached_hash().filter(|h| b.chunks.contains(h))?;
+            Some(
+                replaced
+                    .entry(c.addr())
+                    .or_insert_with(|| b.stored_chunk(c.hash(), c.len_bytes()))
+                    .clone(),
+            )
+        });
     }
 
-    fn evict_chunks(&mut self, b: &RepoLink) {
+    /// In versions `ids`, replace each heap chunk that the working state does not hold
+    /// by the stored chunk `stored` gives for it, if any (`stored` is dropped before the
+    /// pool is cut). The freed buffers leave the
+    /// process: the pool is cut back to what it held before. After a save (here or on a
+    /// background writer). O(chunks of those versions).
+    pub(crate) fn evict_saved(
+        &mut self,
+        ids: Vec<VersionId>,
+        mut stored: impl FnMut(&Chunk) -> Option<Chunk>,
+    ) {
+        let pooled_before = self.pool().map(Pool::buffers);
         let working: HashSet<usize> = self
             .working
             .values()
             .flat_map(|t| t.chunks().map(Chunk::addr))
             .collect();
-        let ids: Vec<VersionId> = b.saved.keys().copied().collect();
-        let mut replaced: HashMap<usize, Chunk> = HashMap::new();
         self.replace_chunks_in(ids, |c| {
-            let evictable = !c.is_stored()
-                && !working.contains(&c.addr())
-                && c.cached_hash().is_some_and(|h| b.chunks.contains(&h));
-            evictable.then(|| {
-                replaced
-                    .entry(c.addr())
-                    .or_insert_with(|| b.stored_chunk(c.hash(), c.len_bytes()))
-                    .clone()
-            })
+            if c.is_stored() || working.contains(&c.addr()) {
+                return None;
+            }
+            stored(c)
         });
+        // The raw chunks `stored` may hold go first, so that their buffers are freed
+        // before the pool is cut back.
+        drop(stored);
+        if let (Some(pool), Some(keep)) = (self.pool(), pooled_before) {
+            pool.truncate(keep);
+        }
     }
 }
 
