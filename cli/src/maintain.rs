@@ -64,6 +64,12 @@ pub(crate) struct GcArgs {
     /// once: only safe when nothing else writes to the repository.
     #[arg(long, value_name = "SECONDS", default_value_t = 3600)]
     grace: u64,
+    /// How long the run may go on deleting once it announced its deletions; a save in
+    /// another process that writes again what the run may delete waits until the run is
+    /// done or past this deadline (plus a margin for clocks).
+    #[arg(long, value_name = "SECONDS", default_value_t = 30,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    delete_within: u64,
 }
 
 pub(crate) fn new_ref(mut repo: Repo, out: &Output, args: &RefArgs, tag: bool) -> CliResult<()> {
@@ -150,6 +156,7 @@ pub(crate) fn gc(mut repo: Repo, out: &Output, args: &GcArgs) -> CliResult<()> {
     let bar = progress::spinner(if args.dry_run { "gc (dry run)" } else { "gc" });
     let mut options = tensor_history::GcOptions::default();
     options.grace = std::time::Duration::from_secs(args.grace);
+    options.delete_within = std::time::Duration::from_secs(args.delete_within);
     options.dry_run = args.dry_run;
     let stats = repo.store.gc_with(&options).context(&ctx);
     bar.finish_and_clear();

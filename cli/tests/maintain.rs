@@ -114,6 +114,45 @@ fn gc_dry_run_changes_nothing_and_gc_frees_pruned_data() {
 }
 
 #[test]
+fn gc_delete_within_sets_the_runs_deletion_deadline_and_zero_is_refused() {
+    let (_d, repo, _) = sample_repo();
+    th(Some(&repo), &["delete", "alt"]).ok();
+    th(
+        Some(&repo),
+        &["prune", "--keep-last", "1", "--drop-unreachable"],
+    )
+    .ok();
+    let before = files(&repo);
+    // refused by the argument parser (its own usage message), before anything is opened
+    let out = th(Some(&repo), &["gc", "--grace", "0", "--delete-within", "0"]);
+    assert_eq!(out.code, 2, "{}", out.stderr);
+    assert!(out.stderr.contains("--delete-within"), "{}", out.stderr);
+    assert_eq!(
+        files(&repo),
+        before,
+        "a refused gc writes and deletes nothing"
+    );
+    let v = th(
+        Some(&repo),
+        &["--json", "gc", "--grace", "0", "--delete-within", "9"],
+    )
+    .ok()
+    .json();
+    assert!(v["objects_deleted"].as_u64().unwrap() > 0, "{v}");
+    let dir = repo.join("gc").join("generations");
+    let mut entries: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    entries.sort();
+    let entry: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(entries.last().unwrap()).unwrap()).unwrap();
+    let span = entry["deadline_ns"].as_u64().unwrap() - entry["time_ns"].as_u64().unwrap();
+    assert_eq!(span, 9_000_000_000, "{entry}");
+    th(Some(&repo), &["verify"]).ok();
+}
+
+#[test]
 fn verify_passes_on_a_sound_repository() {
     let (_d, repo, _) = sample_repo();
     let out = th(Some(&repo), &["verify"]).ok().stdout;

@@ -246,11 +246,12 @@ pub(crate) fn open(path: &Path, config: Config) -> Result<Store, Error> {
 }
 
 /// `GcOptions` from `gc`'s keyword arguments: `grace` in seconds (>= 0, finite),
-/// `repack_below` in [0, 1].
+/// `repack_below` in [0, 1], `delete_within` in seconds (> 0, finite).
 pub(crate) fn gc_options(
     grace: Option<f64>,
     repack_below: Option<f64>,
     dry_run: bool,
+    delete_within: Option<f64>,
 ) -> Result<GcOptions, Error> {
     let mut o = GcOptions::default();
     o.dry_run = dry_run;
@@ -258,6 +259,14 @@ pub(crate) fn gc_options(
         o.grace = Duration::try_from_secs_f64(g).map_err(|_| Error::InvalidArgument {
             reason: format!("grace must be a finite number of seconds >= 0, not {g}"),
         })?;
+    }
+    if let Some(d) = delete_within {
+        o.delete_within = Duration::try_from_secs_f64(d)
+            .ok()
+            .filter(|d| !d.is_zero())
+            .ok_or_else(|| Error::InvalidArgument {
+                reason: format!("delete_within must be a finite number of seconds > 0, not {d}"),
+            })?;
     }
     if let Some(r) = repack_below {
         if !(0.0..=1.0).contains(&r) {

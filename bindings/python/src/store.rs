@@ -199,16 +199,20 @@ impl PyStore {
     /// records candidates, a run `grace` seconds later (default 3600) deletes them, so a
     /// concurrent save never loses data (`grace=0` only with a single writer). Packs with
     /// less than `repack_below` (default 0.5) live bytes are rewritten. `dry_run`: write
-    /// and delete nothing, report what would be done. GIL released.
-    #[pyo3(signature = (*, grace = None, repack_below = None, dry_run = false))]
+    /// and delete nothing, report what would be done. `delete_within` (seconds, default
+    /// 30): how long the run may go on deleting once it announced its deletions; a save
+    /// that writes again what the run may delete waits until the run is done or past
+    /// this deadline. GIL released.
+    #[pyo3(signature = (*, grace = None, repack_below = None, dry_run = false, delete_within = None))]
     fn gc(
         &self,
         py: Python<'_>,
         grace: Option<f64>,
         repack_below: Option<f64>,
         dry_run: bool,
+        delete_within: Option<f64>,
     ) -> PyResult<PyGcStats> {
-        let o = persist::gc_options(grace, repack_below, dry_run).or_py()?;
+        let o = persist::gc_options(grace, repack_below, dry_run, delete_within).or_py()?;
         self.run(py, |i| i.store.gc_with(&o))
             .or_py()
             .map(Into::into)

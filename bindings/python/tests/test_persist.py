@@ -312,7 +312,25 @@ def test_gc_dry_run_deletes_nothing_and_gc_deletes_what_prune_dropped(tmp_path):
     r.verify()
 
 
-@pytest.mark.parametrize("kw", [{"grace": -1.0}, {"grace": float("nan")}, {"repack_below": 1.5}])
+def test_gc_delete_within_sets_the_runs_deletion_deadline(tmp_path):
+    s = th.Store()
+    for i in range(3):
+        s.insert("w", np.full(1000, float(i))) if i == 0 else s.write("w", np.full(1000, float(i)))
+        s.commit(f"v{i}")
+    s.save_as(tmp_path)
+    s.prune(keep_last=1, drop_unreachable=True)
+    s.save()
+    assert s.gc(grace=0, delete_within=7.5).objects_deleted > 0
+    entries = sorted((tmp_path / "gc" / "generations").glob("*.json"))
+    assert entries, "a run that deleted objects announced them in a generation entry"
+    entry = json.loads(entries[-1].read_text())
+    assert entry["deadline_ns"] - entry["time_ns"] == 7_500_000_000
+    assert same(th.Store.open(tmp_path)["w"], np.full(1000, 2.0))
+
+
+@pytest.mark.parametrize("kw", [{"grace": -1.0}, {"grace": float("nan")}, {"repack_below": 1.5},
+                                {"delete_within": 0.0}, {"delete_within": -2.0},
+                                {"delete_within": float("inf")}])
 def test_gc_with_bad_options_raises_invalid_argument(tmp_path, kw):
     s = th.Store()
     s.insert("w", np.arange(3))

@@ -211,8 +211,11 @@ class Store:
     def refresh(self) -> RefreshStats:
         """Take in what other processes saved since this store last looked."""
     def gc(self, *, grace: float | None = None, repack_below: float | None = None,
-           dry_run: bool = False) -> GcStats:
-        """Delete repository objects no saved ref reaches (two phases, ``grace`` seconds)."""
+           dry_run: bool = False, delete_within: float | None = None) -> GcStats:
+        """Delete repository objects no saved ref reaches (two phases, ``grace`` seconds).
+        ``delete_within`` (seconds, default 30): how long the run may go on deleting
+        once it announced its deletions (a save writing again what it may delete waits
+        at most that long, plus a margin, after a run that crashed)."""
     def version_hash(self, ref: Ref) -> str:
         """The version's content address (64 hex digits); ``resolve`` takes a prefix."""
     def close(self) -> None:
