@@ -32,7 +32,13 @@ except ImportError as e:  # pragma: no cover - depends on the torch build
                 "did not run", allow_module_level=True)
 
 import tensor_history as th
-from tensor_history.torch.dcp import METADATA_NAME, StorageReader, StorageWriter
+from tensor_history.torch.dcp import (
+    METADATA_NAME,
+    StorageReader,
+    StorageWriter,
+    export_safetensors,
+    whole_tensors,
+)
 
 ROWS, COLS = 2048, 4096          # 32 MiB of float32: 128 chunks of 256 KiB
 H_ROWS, H_COLS = 64, 32
@@ -223,6 +229,35 @@ def test_a_save_by_4_ranks_is_one_version_with_every_shard_and_the_metadata(save
     full = full_state(1)
     assert np.array_equal(s.get(f"w@{rows},0", at="main"), full["w"][rows:2 * rows].numpy())
     assert s.get("mask", at="main").dtype == np.uint8
+
+
+def test_whole_tensors_assemble_the_shards_of_a_save_in_one_process(saved_by_4):
+    got = whole_tensors(saved_by_4)
+    full = full_state(1)
+    assert set(got) == {"w", "h", "b", "mask", "extra.epoch", "extra.name"}
+    for k, v in full.items():
+        assert got[k].dtype == v.dtype and torch.equal(got[k], v), k
+    assert isinstance(got["extra.epoch"], bytes)
+
+
+def test_a_save_exports_as_one_safetensors_file_of_whole_tensors(saved_by_4, tmp_path):
+    path = tmp_path / "model.safetensors"
+    left_out = export_safetensors(saved_by_4, path)
+    assert left_out == ["extra.epoch", "extra.name", "mask"]
+    back = th.Store()
+    assert back.import_safetensors(path) == ["b", "h", "w"]
+    full = full_state(1)
+    assert np.array_equal(back.get("w"), full["w"].numpy())
+    assert np.array_equal(back.get("h").view(np.uint16), full["h"].view(torch.uint16).numpy())
+
+
+def test_whole_tensors_of_a_version_that_is_not_a_dcp_save_is_a_key_error(tmp_path):
+    s = th.Store()
+    s.insert("w", np.ones(3, dtype=np.float32))
+    s.commit("plain")
+    s.save_as(tmp_path / "plain")
+    with pytest.raises(KeyError, match="not a DCP save"):
+        whole_tensors(tmp_path / "plain")
 
 
 def test_a_save_by_4_ranks_loads_bit_for_bit_into_4_ranks(saved_by_4, tmp_path):

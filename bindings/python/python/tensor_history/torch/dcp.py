@@ -47,7 +47,12 @@ import torch
 from torch.distributed._shard._utils import narrow_tensor_by_index as _narrow
 from torch.distributed.checkpoint import StorageReader as _DcpReader
 from torch.distributed.checkpoint import StorageWriter as _DcpWriter
-from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, StorageMeta
+from torch.distributed.checkpoint.metadata import (
+    BytesStorageMetadata,
+    Metadata,
+    MetadataIndex,
+    StorageMeta,
+)
 from torch.distributed.checkpoint.planner import (
     LoadItemType,
     LoadPlan,
@@ -61,7 +66,8 @@ from torch.futures import Future
 
 from .._core import Store
 
-__all__ = ["StorageWriter", "StorageReader", "METADATA_NAME"]
+__all__ = ["StorageWriter", "StorageReader", "METADATA_NAME", "whole_tensors",
+           "export_safetensors"]
 
 #: The name of the tensor holding DCP's pickled ``Metadata`` in every DCP version.
 METADATA_NAME = ".dcp/metadata"
@@ -321,3 +327,58 @@ class StorageReader(_DcpReader):
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id) -> bool:
         return _is_repository(checkpoint_id)
+
+
+def _read_metadata(store: Store, version: str) -> Metadata:
+    return pickle.loads(store.get(METADATA_NAME, at=version).tobytes())
+
+
+def whole_tensors(location, ref: str = "main") -> dict:
+    """The DCP version ``ref`` of the repository at ``location`` in one process, without
+    ``torch.distributed``: every tensor whole (its shards assembled, ``torch.Tensor`` of
+    its saved dtype) and every bytes item as ``bytes``, by fully qualified name (nested
+    state dicts flattened with dots, as DCP stores them).
+
+    Reads every stored item once; memory: the whole state dict.
+
+    Raises ``UnknownRef``; ``KeyError`` for a version that is not a DCP save (no
+    ``.dcp/metadata``).
+    """
+    store = Store.open(_location(location))
+    version = store.version_hash(ref)
+    if METADATA_NAME not in store.snapshot(version):
+        raise KeyError(f"{ref!r} is not a DCP save: it has no {METADATA_NAME!r}")
+    md = _read_metadata(store, version)
+    out: dict = {}
+    for fqn, m in md.state_dict_metadata.items():
+        if isinstance(m, BytesStorageMetadata):
+            item = md.storage_data[MetadataIndex(fqn)]
+            out[fqn] = store.get(item.name, at=version).tobytes()
+            continue
+        full = torch.empty(tuple(m.size), dtype=m.properties.dtype)
+        for c in m.chunks:
+            item = md.storage_data[MetadataIndex(fqn, c.offsets)]
+            piece = _from_numpy(store.get(item.name, at=version), item)
+            where = tuple(slice(o, o + n) for o, n in zip(c.offsets, c.sizes))
+            full[where] = piece.reshape(tuple(c.sizes))
+        out[fqn] = full
+    return out
+
+
+def export_safetensors(location, path, ref: str = "main") -> list[str]:
+    """Write the DCP version ``ref`` as one ``.safetensors`` file of whole tensors (see
+    ``whole_tensors``), atomically. Bytes items, and tensors of a dtype the store has no
+    type for (``bool``, complex, 8-bit floats), are left out: their names are returned.
+    """
+    left_out = []
+    out = Store()
+    for name, value in whole_tensors(location, ref).items():
+        if isinstance(value, bytes) or (value.dtype not in _NATIVE
+                                        and value.dtype != torch.bfloat16):
+            left_out.append(name)
+            continue
+        arr, tag, _ = _to_numpy(value)
+        out.insert(name, arr, dtype=tag) if tag else out.insert(name, arr)
+    out.commit("export")
+    out.export_safetensors(os.fspath(path))
+    return sorted(left_out)
