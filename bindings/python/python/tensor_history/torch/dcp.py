@@ -130,6 +130,25 @@ def _from_numpy(a: np.ndarray, item: _Item) -> torch.Tensor:
     return torch.from_numpy(a)
 
 
+_STORE_DTYPE = {
+    "float16": "f16", "bfloat16": "bf16", "float32": "f32", "float64": "f64",
+    "int8": "i8", "int16": "i16", "int32": "i32", "int64": "i64",
+    "uint8": "u8", "uint16": "u16", "uint32": "u32", "uint64": "u64",
+}
+
+
+def _put(store: Store, name: str, arr: np.ndarray, tag: Optional[str]) -> None:
+    """Set `name` to `arr`: written over in place (only changed chunks copied) when the
+    store holds it with the same dtype and shape, else inserted anew."""
+    if name in store:
+        dtype, shape = store.info(name)
+        if dtype == _STORE_DTYPE.get(tag or arr.dtype.name) and tuple(shape) == arr.shape:
+            store.write(name, arr, dtype=tag) if tag else store.write(name, arr)
+            return
+        store.remove(name)
+    store.insert(name, arr, dtype=tag) if tag else store.insert(name, arr)
+
+
 def _location(x) -> str:
     return os.fspath(x)
 
@@ -143,6 +162,11 @@ class StorageWriter(_DcpWriter):
     After a save, ``last_version`` is the new version's content address (on the
     coordinator) and ``last_part`` this rank's ``PartStats`` (bytes written and chunks
     the repository held already).
+
+    Reuse one writer for every save of a run: it keeps a copy of the rank's items of its
+    last save (memory: the rank's state dict), so that the next save copies and hashes
+    only the chunks that changed (a compare of the rest). A new writer hashes everything
+    once and still writes only the chunks the repository lacks.
     """
 
     def __init__(self, location, branch: str = "main", message: Optional[str] = None,
@@ -157,6 +181,7 @@ class StorageWriter(_DcpWriter):
         self.save_id = uuid.uuid4().hex
         self.last_version: Optional[str] = None
         self.last_part = None
+        self._store: Optional[Store] = None
 
     def reset(self, checkpoint_id=None) -> None:
         if checkpoint_id:
@@ -174,23 +199,30 @@ class StorageWriter(_DcpWriter):
         return plans
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
-        store = Store()
+        # The rank's items of the last save stay in this writer's store: an item written
+        # again keeps its unchanged chunks (and their hashes), so only changed chunks are
+        # copied and hashed. A failed write starts from an empty store next time.
+        store, self._store = self._store or Store(), None
         pending = []
         for item in plan.items:
             data = planner.resolve_data(item)
             name = _item_name(item)
             if item.type == WriteItemType.BYTE_IO:
                 buf = data.getbuffer() if isinstance(data, io.BytesIO) else memoryview(data)
-                store.insert(name, np.frombuffer(buf, dtype=np.uint8))
+                _put(store, name, np.frombuffer(buf, dtype=np.uint8), None)
                 size = buf.nbytes
                 raw = (None, None)
             else:
                 arr, tag, raw_dtype = _to_numpy(data)
-                store.insert(name, arr, dtype=tag) if tag else store.insert(name, arr)
+                _put(store, name, arr, tag)
                 size = data.numel() * data.element_size()
                 raw = (raw_dtype, tuple(data.shape)) if raw_dtype is not None else (None, None)
             pending.append((item, name, size, raw))
+        names = {name for _, name, _, _ in pending}
+        for stale in [n for n in store.names() if n not in names]:
+            store.remove(stale)
         stats = store.write_part(self.location)
+        self._store = store
         manifests = dict(stats.items)
         self.last_part = stats
         results = [
