@@ -171,6 +171,19 @@ def failing_save(rank, world, mesh, repo):
                  storage_writer=FailingWriter(repo, message="never"))
 
 
+class FailingFinish(StorageWriter):
+    """The coordinator fails in finish, after every rank wrote its part."""
+
+    def finish(self, metadata, results):
+        raise OSError("coordinator lost its disk")
+
+
+def failing_finish(rank, world, mesh, repo):
+    with pytest.raises(CheckpointException):
+        dcp.save(sharded(full_state(8), world, rank, mesh),
+                 storage_writer=FailingFinish(repo, message="never"))
+
+
 def concurrent_saves(rank, world, mesh, repo, job, n, out):
     ok, lost = 0, 0
     for i in range(n):
@@ -317,6 +330,17 @@ def test_a_rank_failing_in_write_data_leaves_no_new_version_and_gc_cleans_up(sav
     assert keys(repo, "packs") == packs_before
     assert keys(repo, "manifests") == manifests_before
     run(1, tmp_path, load_and_check, repo, 1, "main")
+
+
+def test_a_coordinator_failing_in_finish_leaves_no_new_version(saved_by_4, tmp_path):
+    repo = copy_repo(saved_by_4, tmp_path)
+    before = th.Store.open(repo).version_hash("main")
+    packs_before = keys(repo, "packs")
+    run(4, tmp_path, failing_finish, repo)
+    s = th.Store.open(repo)
+    assert s.version_hash("main") == before and len(s.versions()) == 1
+    assert keys(repo, "packs") > packs_before
+    run(2, tmp_path, load_and_check, repo, 1, "main")
 
 
 def test_two_coordinators_on_one_branch_one_wins_and_the_other_raises_branch_moved(
