@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime
 import os
 import shutil
+import signal
 import uuid
 
 import numpy as np
@@ -169,6 +170,22 @@ def failing_save(rank, world, mesh, repo):
     with pytest.raises(CheckpointException):
         dcp.save(sharded(full_state(7), world, rank, mesh),
                  storage_writer=FailingWriter(repo, message="never"))
+
+
+class KilledWriter(StorageWriter):
+    """Rank 2 is killed (SIGKILL) in write_data, after its part is written and before
+    the coordinator hears of it."""
+
+    def write_data(self, plan, planner):
+        fut = super().write_data(plan, planner)
+        if dist.get_rank() == 2:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return fut
+
+
+def killed_save(rank, world, mesh, repo):
+    dcp.save(sharded(full_state(9), world, rank, mesh),
+             storage_writer=KilledWriter(repo, message="never"))
 
 
 class FailingFinish(StorageWriter):
@@ -330,6 +347,19 @@ def test_a_rank_failing_in_write_data_leaves_no_new_version_and_gc_cleans_up(sav
     assert keys(repo, "packs") == packs_before
     assert keys(repo, "manifests") == manifests_before
     run(1, tmp_path, load_and_check, repo, 1, "main")
+
+
+def test_a_rank_killed_in_write_data_leaves_no_new_version(saved_by_4, tmp_path):
+    repo = copy_repo(saved_by_4, tmp_path)
+    before = th.Store.open(repo).version_hash("main")
+    packs_before = keys(repo, "packs")
+    with pytest.raises((tmp_mp.ProcessExitedException, tmp_mp.ProcessRaisedException)):
+        run(4, tmp_path, killed_save, repo)
+    s = th.Store.open(repo)
+    assert s.version_hash("main") == before and len(s.versions()) == 1
+    run(1, tmp_path, load_and_check, repo, 1, "main")
+    s.gc(grace=0)
+    assert keys(repo, "packs") == packs_before
 
 
 def test_a_coordinator_failing_in_finish_leaves_no_new_version(saved_by_4, tmp_path):
