@@ -13,6 +13,7 @@ import datetime
 import os
 import shutil
 import signal
+import sys
 import uuid
 
 import numpy as np
@@ -217,6 +218,16 @@ def concurrent_saves(rank, world, mesh, repo, job, n, out):
 
 
 # ---- fixtures --------------------------------------------------------------------------
+
+@pytest.fixture(autouse=True)
+def _own_process():
+    """The ranks are forked: a process that loaded JAX or TensorFlow (their thread pools)
+    must not fork. Run this file in its own process, as the framework tiers do."""
+    loaded = [m for m in ("jax", "tensorflow") if m in sys.modules]
+    if loaded:
+        pytest.skip(f"{', '.join(loaded)} loaded in this process; forked ranks could "
+                    "deadlock: run tests/test_dcp.py in a process of its own")
+
 
 @pytest.fixture(scope="module")
 def saved_by_4(tmp_path_factory):
