@@ -19,7 +19,8 @@ import uuid
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch", reason="torch is not installed: the DCP tier did not run")
+torch = pytest.importorskip("torch", reason="torch is not installed or does not import: the DCP "
+                            "tier did not run", exc_type=ImportError)
 dist = pytest.importorskip("torch.distributed")
 if not dist.is_available() or not dist.is_gloo_available():
     pytest.skip("torch.distributed with gloo is not available: the DCP tier did not run",
