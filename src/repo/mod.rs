@@ -19,6 +19,7 @@
 //! | `object.rs` | any object parsed from its key (fuzzing, tools) |
 //! | `format/` | the envelope, the wire reader, object bodies, keys, JSON files |
 //! | `open.rs`, `save.rs`, `gc.rs`, `generation.rs` | the protocols: open and refresh, save, gc, gc generations |
+//! | `parts.rs` | [`Part`]: several writers, one version (each writer's chunks and manifests, then one commit naming them all) |
 //! | `background.rs` | [`PendingSave`]: the save protocol on a writer thread, and what the store takes back |
 //! | `backend/` | the storage trait and its implementations |
 //!
@@ -35,6 +36,7 @@ mod link;
 mod object;
 mod open;
 mod pack;
+mod parts;
 mod refs;
 mod save;
 
@@ -47,4 +49,5 @@ pub use generation::DEFAULT_DELETE_WITHIN;
 pub(crate) use link::{resolve_prefix, RepoLink};
 pub use object::parse_object;
 pub use open::RefreshStats;
+pub use parts::{Part, PartStats};
 pub use save::SaveStats;

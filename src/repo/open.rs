@@ -292,9 +292,9 @@ fn read_versions(hist: &History, b: &RepoLink, roots: &[(ContentHash, String)]) 
 const VERSIONS_DIR: &str = "versions/";
 
 /// A saved version's variables, read from its manifests on first use.
-struct ManifestVars {
-    chunks: Arc<RepoChunks>,
-    vars: Vec<(String, ContentHash)>,
+pub(crate) struct ManifestVars {
+    pub(crate) chunks: Arc<RepoChunks>,
+    pub(crate) vars: Vec<(String, ContentHash)>,
 }
 
 impl VarsSource for ManifestVars {

@@ -62,7 +62,7 @@ pub(crate) fn manifest_bytes(name: &str, t: &Tensor) -> Result<(Vec<u8>, Content
 }
 
 /// Hash every chunk whose hash is not cached, in parallel.
-fn hash_chunks(chunks: &[&Chunk]) {
+pub(crate) fn hash_chunks(chunks: &[&Chunk]) {
     let todo: Vec<&&Chunk> = chunks
         .iter()
         .filter(|c| c.cached_hash().is_none())

@@ -28,6 +28,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<types::PyLogEntry>()?;
     m.add_class::<types::PyChange>()?;
     m.add_class::<persist::PySaveStats>()?;
+    m.add_class::<persist::PyPartStats>()?;
     m.add_class::<persist::PyPendingSave>()?;
     m.add_class::<persist::PyRefreshStats>()?;
     m.add_class::<persist::PyGcStats>()?;

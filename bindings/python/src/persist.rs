@@ -10,12 +10,89 @@ use std::time::Duration;
 
 use pyo3::prelude::*;
 use tensor_history::{
-    Config, Error, GcOptions, GcStats, PendingSave, RefreshStats, SaveStats, Store,
+    Config, ContentHash, Error, GcOptions, GcStats, Part, PartStats, PendingSave, RefreshStats,
+    SaveStats, Store,
 };
 
 use crate::errors::OrPy;
 
 use crate::types::PyVersion;
+
+/// What `write_part` wrote: one writer's part of a version several writers make (its
+/// `items`, name and manifest id in hex, go to the coordinator's `commit_parts`).
+#[pyclass(frozen, get_all, module = "tensor_history", name = "PartStats")]
+#[derive(Clone, Debug)]
+pub(crate) struct PyPartStats {
+    /// The part: `(name, manifest id in hex)` per tensor, sorted by name.
+    items: Vec<(String, String)>,
+    /// Chunks written into new packs.
+    chunks_written: usize,
+    /// Distinct chunks the repository held already.
+    chunks_present: usize,
+    /// Packs written.
+    packs_written: usize,
+    /// Manifests written.
+    manifests_written: usize,
+    /// Bytes of every object written.
+    bytes_written: u64,
+}
+
+impl From<PartStats> for PyPartStats {
+    fn from(s: PartStats) -> Self {
+        PyPartStats {
+            items: s
+                .part
+                .items
+                .into_iter()
+                .map(|(n, id)| (n, id.to_string()))
+                .collect(),
+            chunks_written: s.chunks_written,
+            chunks_present: s.chunks_present,
+            packs_written: s.packs_written,
+            manifests_written: s.manifests_written,
+            bytes_written: s.bytes_written,
+        }
+    }
+}
+
+#[pymethods]
+impl PyPartStats {
+    fn __repr__(&self) -> String {
+        format!(
+            "PartStats(items={}, chunks_written={}, chunks_present={}, packs_written={}, \
+             manifests_written={}, bytes_written={})",
+            self.items.len(),
+            self.chunks_written,
+            self.chunks_present,
+            self.packs_written,
+            self.manifests_written,
+            self.bytes_written
+        )
+    }
+}
+
+/// Parts from Python: each a list of `(name, manifest id in hex)`.
+pub(crate) fn parts_from_py(parts: Vec<Vec<(String, String)>>) -> Result<Vec<Part>, Error> {
+    parts
+        .into_iter()
+        .map(|items| {
+            let items = items
+                .into_iter()
+                .map(|(name, hex)| {
+                    let id = hex
+                        .parse::<ContentHash>()
+                        .map_err(|_| Error::InvalidArgument {
+                            reason: format!(
+                                "`{hex}` (for `{name}`) is not a 64-digit hex manifest id"
+                            ),
+                        })?;
+                    Ok((name, id))
+                })
+                .collect::<Result<_, Error>>()?;
+            Ok(Part { items })
+        })
+        .collect()
+}
 
 /// What a `save` (or `save_as`) wrote.
 #[pyclass(frozen, get_all, module = "tensor_history", name = "SaveStats")]

@@ -11,7 +11,7 @@ use tensor_history::{
 
 use crate::arrays::{self, on_view, View, ViewMut};
 use crate::errors::{self, OrPy};
-use crate::persist::{self, PyGcStats, PyPendingSave, PyRefreshStats, PySaveStats};
+use crate::persist::{self, PyGcStats, PyPartStats, PyPendingSave, PyRefreshStats, PySaveStats};
 use crate::snapshot::PySnapshot;
 use crate::types::{
     diff_dict, log_rows, meta_dict, meta_from_py, PyLogEntry, PyPruneStats, PyStats, PyVersion,
@@ -182,6 +182,49 @@ impl PyStore {
         self.run(py, |i| i.store.save_as(&path))
             .or_py()
             .map(Into::into)
+    }
+
+    /// Write every variable of the working state into the repository at `location` as
+    /// one writer's part of a version several writers make (the ranks of a distributed
+    /// checkpoint): the chunks the repository lacks into packs of this writer, then the
+    /// manifests, durably. Writes no version or ref; this store stays unbound (it may be
+    /// a throwaway in-memory store). Give `PartStats.items` to the coordinator's
+    /// `commit_parts`. What is never committed is garbage that `gc` deletes after its
+    /// grace period. O(new chunks) written, GIL released.
+    ///
+    /// Raises `StorageError`, `UnsupportedFormat`.
+    fn write_part(&self, py: Python<'_>, location: String) -> PyResult<PyPartStats> {
+        self.run(py, |i| i.store.write_part(&location))
+            .or_py()
+            .map(Into::into)
+    }
+
+    /// Commit one version onto `branch` whose variables are every tensor of `parts`
+    /// (each a list of `(name, manifest id)`, `PartStats.items` of `write_part` into this
+    /// store's repository), parent the branch's tip, then publish it with `save()`. No
+    /// tensor data is read. HEAD stays where it is unless it is attached to `branch` or
+    /// the store has no version yet. Keyword arguments are the version's metadata.
+    /// O(tensors) manifests read, GIL released.
+    ///
+    /// Raises `InvalidArgument` (no repository, a name two parts give different
+    /// manifests, a malformed id), `InvalidRefName`, `WrongRefKind` (a tag),
+    /// `UncommittedChanges`, `CorruptObject` (a part that is not in the repository).
+    /// Nothing changes on error.
+    #[pyo3(signature = (branch, parts, message = "", **metadata))]
+    fn commit_parts(
+        &self,
+        py: Python<'_>,
+        branch: &str,
+        parts: Vec<Vec<(String, String)>>,
+        message: &str,
+        metadata: Option<&Bound<'_, PyDict>>,
+    ) -> PyResult<PyVersion> {
+        let meta = meta_from_py(metadata)?;
+        let parts = persist::parts_from_py(parts).or_py()?;
+        let id = self
+            .run(py, |i| i.store.commit_parts(branch, &parts, message, meta))
+            .or_py()?;
+        Ok(id.into())
     }
 
     /// Take in the refs and versions other processes saved since this store opened or

@@ -113,6 +113,21 @@ class SaveStats:
     @property
     def bytes_written(self) -> int: ...
 
+class PartStats:
+    """What ``write_part`` wrote: one writer's part of a version several writers make."""
+    @property
+    def items(self) -> list[tuple[str, str]]: ...
+    @property
+    def chunks_written(self) -> int: ...
+    @property
+    def chunks_present(self) -> int: ...
+    @property
+    def packs_written(self) -> int: ...
+    @property
+    def manifests_written(self) -> int: ...
+    @property
+    def bytes_written(self) -> int: ...
+
 class PendingSave:
     """A save running on a writer thread (``Store.save(background=True)``)."""
     def wait(self) -> SaveStats:
@@ -208,6 +223,13 @@ class Store:
         """Bind to the repository at ``path`` and save there. Onto an existing history,
         raises ``BranchMoved`` (writing no ref) when a ref this store has is not a
         fast-forward of the repository's; the repository's other refs stay."""
+    def write_part(self, location: str) -> PartStats:
+        """Write the working state's variables into the repository at ``location`` as
+        one writer's part (chunks it lacks, manifests; no version, no ref)."""
+    def commit_parts(self, branch: str, parts: Sequence[Sequence[tuple[str, str]]],
+                     message: str = "", **metadata: bool | int | float | str) -> Version:
+        """Commit one version onto ``branch`` naming every tensor of ``parts`` (the
+        ``items`` of ``write_part``); publish it with ``save()``."""
     def refresh(self) -> RefreshStats:
         """Take in what other processes saved since this store last looked."""
     def gc(self, *, grace: float | None = None, repack_below: float | None = None,

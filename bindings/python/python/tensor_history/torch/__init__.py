@@ -73,10 +73,10 @@ from typing import Any, Dict, Optional, Tuple, Union
 
 import numpy as np
 
-from ._core import Store
-from ._errors import TrialError
-from ._tracker import DEFAULT_BUDGET_MODELS, NotJson, Trial, default_budget, tracker_store
-from ._tracker import Tracker as _Tracker
+from .._core import Store
+from .._errors import TrialError
+from .._tracker import DEFAULT_BUDGET_MODELS, NotJson, Trial, default_budget, tracker_store
+from .._tracker import Tracker as _Tracker
 
 __all__ = ["DEFAULT_BUDGET_MODELS", "Tracker", "Trial", "default_memory_budget", "track"]
 

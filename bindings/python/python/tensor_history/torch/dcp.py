@@ -1,0 +1,416 @@
+"""A tensor-history repository as a ``torch.distributed.checkpoint`` (DCP) storage layer.
+
+>>> import torch.distributed.checkpoint as dcp
+>>> from tensor_history.torch.dcp import StorageReader, StorageWriter
+>>> dcp.save(state_dict, storage_writer=StorageWriter("runs/ckpt", step=100))
+>>> dcp.load(state_dict, storage_reader=StorageReader("runs/ckpt"))
+
+Every DCP save becomes one version of the repository's history, on ``branch``:
+
+- **Each rank** (``write_data``) puts the items of its plan (tensors, DTensor /
+  ShardedTensor shards, bytes items) into a throwaway in-memory store and writes them as
+  one *part* (``Store.write_part``): only the chunks the repository lacks are written,
+  in packs of this rank, so a save in which 1% of the chunks changed writes about 1% of
+  the bytes. Chunk ids are the same BLAKE3 content addresses as everywhere else: a DCP
+  version and a tracker version of the same weights share storage.
+- **The coordinator** (``finish``) writes DCP's ``Metadata`` (pickled, as a ``uint8``
+  tensor named ``.dcp/metadata``) as a part of its own, then commits one version naming
+  every rank's items (``Store.commit_parts``) and saves it: the branch moves with a
+  create-if-absent write, so two concurrent saves to one branch cannot both win (the
+  loser raises ``BranchMoved``, through DCP's ``CheckpointException``).
+- A version exists only when every rank's part is durable. A rank that fails in
+  ``write_data`` makes DCP skip ``finish``: no version, the previous one intact, and
+  what the other ranks wrote is garbage that ``Store.gc`` deletes after its grace
+  period (docs/FORMAT.md, "Several writers, one version").
+
+Items are stored under readable names: a tensor saved whole under its fully qualified
+name (``layer.weight``), a shard under ``<fqn>@<offsets>`` (``layer.weight@256,0``), a
+bytes item under its name as ``uint8``. Dtypes the store has no type for (``bool``,
+complex, 8-bit floats) are kept as their raw bytes (``uint8``, one more axis).
+
+Loading reads only the items of the rank's plan, each once; DCP's planner reshards from
+the stored metadata, so a checkpoint saved by 4 ranks loads into 2 or 1.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import os
+import pickle
+import uuid
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import numpy as np
+import torch
+from torch.distributed._shard._utils import narrow_tensor_by_index as _narrow
+from torch.distributed.checkpoint import StorageReader as _DcpReader
+from torch.distributed.checkpoint import StorageWriter as _DcpWriter
+from torch.distributed.checkpoint.metadata import (
+    BytesStorageMetadata,
+    Metadata,
+    MetadataIndex,
+    StorageMeta,
+)
+from torch.distributed.checkpoint.planner import (
+    LoadItemType,
+    LoadPlan,
+    LoadPlanner,
+    SavePlan,
+    SavePlanner,
+    WriteItemType,
+)
+from torch.distributed.checkpoint.storage import WriteResult
+from torch.futures import Future
+
+from .._core import Store
+
+__all__ = ["StorageWriter", "StorageReader", "METADATA_NAME", "whole_tensors",
+           "export_safetensors"]
+
+#: The name of the tensor holding DCP's pickled ``Metadata`` in every DCP version.
+METADATA_NAME = ".dcp/metadata"
+
+_NATIVE = {
+    torch.float16, torch.float32, torch.float64,
+    torch.int8, torch.int16, torch.int32, torch.int64,
+    torch.uint8, torch.uint16, torch.uint32, torch.uint64,
+}
+
+
+@dataclass(frozen=True)
+class _Item:
+    """Where one write item went: its tensor's name in the version, its manifest id,
+    and for raw-byte tensors the dtype and shape to view them back as."""
+
+    name: str
+    manifest: str
+    raw_dtype: Optional[torch.dtype] = None
+    raw_shape: Optional[tuple] = None
+
+
+def _item_name(item) -> str:
+    fqn = item.index.fqn
+    td = item.tensor_data
+    if td is None:
+        return fqn
+    offsets = tuple(td.chunk.offsets)
+    whole = all(o == 0 for o in offsets) and tuple(td.chunk.sizes) == tuple(td.size)
+    if whole:
+        return fqn
+    return fqn + "@" + ",".join(str(o) for o in offsets)
+
+
+def _to_numpy(t: torch.Tensor):
+    """(array, dtype tag or None, raw dtype or None): the tensor's bytes as NumPy, without
+    a copy where torch allows."""
+    t = t.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    t = t.contiguous()
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.uint16).numpy(), "bfloat16", None
+    if t.dtype in _NATIVE:
+        return t.numpy(), None, None
+    flat = t.reshape(-1)
+    if t.element_size() == 1:
+        raw = flat.view(torch.uint8)
+    else:
+        raw = flat.view(torch.uint8).reshape(-1, t.element_size())
+    return raw.numpy(), None, t.dtype
+
+
+def _from_numpy(a: np.ndarray, item: _Item) -> torch.Tensor:
+    if item.raw_dtype is not None:
+        u8 = torch.from_numpy(np.ascontiguousarray(a).reshape(-1).view(np.uint8))
+        return u8.view(item.raw_dtype).reshape(item.raw_shape)
+    if a.dtype.name == "bfloat16":
+        return torch.from_numpy(a.view(np.uint16)).view(torch.bfloat16)
+    return torch.from_numpy(a)
+
+
+_STORE_DTYPE = {
+    "float16": "f16", "bfloat16": "bf16", "float32": "f32", "float64": "f64",
+    "int8": "i8", "int16": "i16", "int32": "i32", "int64": "i64",
+    "uint8": "u8", "uint16": "u16", "uint32": "u32", "uint64": "u64",
+}
+
+
+def _put(store: Store, name: str, arr: np.ndarray, tag: Optional[str]) -> None:
+    """Set `name` to `arr`: written over in place (only changed chunks copied) when the
+    store holds it with the same dtype and shape, else inserted anew."""
+    if name in store:
+        dtype, shape = store.info(name)
+        if dtype == _STORE_DTYPE.get(tag or arr.dtype.name) and tuple(shape) == arr.shape:
+            store.write(name, arr, dtype=tag) if tag else store.write(name, arr)
+            return
+        store.remove(name)
+    store.insert(name, arr, dtype=tag) if tag else store.insert(name, arr)
+
+
+def _location(x) -> str:
+    return os.fspath(x)
+
+
+class StorageWriter(_DcpWriter):
+    """Write DCP checkpoints as versions of the tensor-history repository at
+    ``location`` (a directory, created if absent, or a URL such as ``s3://bucket/p``),
+    one version per ``dcp.save`` on ``branch``, with ``message`` (default
+    ``"dcp save"``) and ``meta`` (bool, int, float, str) as the version's metadata.
+
+    After a save, ``last_version`` is the new version's content address (on the
+    coordinator) and ``last_part`` this rank's ``PartStats`` (bytes written and chunks
+    the repository held already).
+
+    Reuse one writer for every save of a run: it keeps a copy of the rank's items of its
+    last save (memory: the rank's state dict), so that the next save copies and hashes
+    only the chunks that changed (a compare of the rest). A new writer hashes everything
+    once and still writes only the chunks the repository lacks.
+    """
+
+    def __init__(self, location, branch: str = "main", message: Optional[str] = None,
+                 **meta: Any) -> None:
+        super().__init__()
+        self.location = _location(location)
+        self.branch = branch
+        self.message = message if message is not None else "dcp save"
+        self.meta = meta
+        self.is_coordinator = False
+        self.rank = None
+        self.save_id = uuid.uuid4().hex
+        self.last_version: Optional[str] = None
+        self.last_part = None
+        self._store: Optional[Store] = None
+
+    def reset(self, checkpoint_id=None) -> None:
+        if checkpoint_id:
+            self.location = _location(checkpoint_id)
+        self.save_id = uuid.uuid4().hex
+
+    def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        self.is_coordinator = is_coordinator
+        self.rank = kwargs.get("rank")
+
+    def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
+        return plan
+
+    def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
+        return plans
+
+    def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
+        # The rank's items of the last save stay in this writer's store: an item written
+        # again keeps its unchanged chunks (and their hashes), so only changed chunks are
+        # copied and hashed. A failed write starts from an empty store next time.
+        store, self._store = self._store or Store(), None
+        pending = []
+        for item in plan.items:
+            data = planner.resolve_data(item)
+            name = _item_name(item)
+            if item.type == WriteItemType.BYTE_IO:
+                buf = data.getbuffer() if isinstance(data, io.BytesIO) else memoryview(data)
+                _put(store, name, np.frombuffer(buf, dtype=np.uint8), None)
+                size = buf.nbytes
+                raw = (None, None)
+            else:
+                arr, tag, raw_dtype = _to_numpy(data)
+                _put(store, name, arr, tag)
+                size = data.numel() * data.element_size()
+                raw = (raw_dtype, tuple(data.shape)) if raw_dtype is not None else (None, None)
+            pending.append((item, name, size, raw))
+        names = {name for _, name, _, _ in pending}
+        for stale in [n for n in store.names() if n not in names]:
+            store.remove(stale)
+        stats = store.write_part(self.location)
+        self._store = store
+        manifests = dict(stats.items)
+        self.last_part = stats
+        results = [
+            WriteResult(index=item.index, size_in_bytes=size,
+                        storage_data=_Item(name, manifests[name], raw[0], raw[1]))
+            for item, name, size, raw in pending
+        ]
+        fut: Future = Future()
+        fut.set_result(results)
+        return fut
+
+    def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
+        storage_md = {}
+        items = []
+        for wr_list in results:
+            for wr in wr_list:
+                storage_md[wr.index] = wr.storage_data
+                items.append((wr.storage_data.name, wr.storage_data.manifest))
+        metadata.storage_data = storage_md
+        metadata.storage_meta = self.storage_meta()
+        blob = pickle.dumps(metadata)
+        meta_store = Store()
+        meta_store.insert(METADATA_NAME, np.frombuffer(blob, dtype=np.uint8))
+        items.extend(meta_store.write_part(self.location).items)
+        with Store.open(self.location) as repo:
+            v = repo.commit_parts(self.branch, [items], self.message, **self.meta)
+            repo.save()
+            self.last_version = repo.version_hash(v)
+
+    def storage_meta(self) -> Optional[StorageMeta]:
+        return StorageMeta(checkpoint_id=self.location, save_id=self.save_id)
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id) -> bool:
+        return _is_repository(checkpoint_id)
+
+
+def _is_repository(checkpoint_id) -> bool:
+    try:
+        with open(os.path.join(os.fspath(checkpoint_id), "config.json"), "rb") as f:
+            return b'"tensor-history"' in f.read(4096)
+    except (OSError, TypeError):
+        return False
+
+
+class StorageReader(_DcpReader):
+    """Load DCP checkpoints from the tensor-history repository at ``location``: the
+    version ``ref`` names (a branch, a tag, a content address; default ``"main"``).
+
+    Every rank reads only the stored items its load plan names, each once (chunks read
+    from the repository on demand, checked against their hash). The version is resolved
+    once per ``dcp.load`` on each rank, and the coordinator checks that every rank
+    resolved the same one (a save that moved ``ref`` between them raises).
+    """
+
+    def __init__(self, location, ref: str = "main") -> None:
+        super().__init__()
+        self.location = _location(location)
+        self.ref = ref
+        self.version: Optional[str] = None
+        self.storage_data: dict = {}
+        self._store = None
+        self.load_id = uuid.uuid4().hex
+
+    def reset(self, checkpoint_id=None) -> None:
+        if checkpoint_id:
+            self.location = _location(checkpoint_id)
+        self.storage_data = {}
+        self._store = None
+        self.version = None
+        self.load_id = uuid.uuid4().hex
+
+    def _open(self) -> Store:
+        if self._store is None:
+            self._store = Store.open(self.location)
+        return self._store
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        store = self._open()
+        self.version = store.version_hash(self.ref)
+        blob = store.get(METADATA_NAME, at=self.version)
+        metadata = pickle.loads(blob.tobytes())
+        if getattr(metadata, "storage_meta", None) is None:
+            metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+    def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any,
+                              **kwargs: Any) -> None:
+        if metadata.storage_data is None:
+            raise ValueError("the checkpoint's metadata has no storage data")
+        self.storage_data = metadata.storage_data
+        if self.version is None:
+            self.version = self._open().version_hash(self.ref)
+
+    def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
+        return dataclasses.replace(plan, storage_data=self.version)
+
+    def prepare_global_plan(self, plans: list[LoadPlan]) -> list[LoadPlan]:
+        seen = {p.storage_data for p in plans}
+        if len(seen) > 1:
+            raise RuntimeError(
+                f"ranks resolved {self.ref!r} to different versions {sorted(seen)}: it moved "
+                "during the load; load a fixed version (a tag or a content address)"
+            )
+        return plans
+
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
+        store = self._open()
+        by_name: dict[str, list] = {}
+        for req in plan.items:
+            by_name.setdefault(self.storage_data[req.storage_index].name, []).append(req)
+        for name, reqs in by_name.items():
+            item: _Item = self.storage_data[reqs[0].storage_index]
+            arr = store.get(name, at=self.version)
+            for req in reqs:
+                if req.type == LoadItemType.BYTE_IO:
+                    planner.load_bytes(req, io.BytesIO(arr.tobytes()))
+                    continue
+                tensor = _narrow(_from_numpy(arr, item), req.storage_offsets, req.lengths)
+                target = planner.resolve_tensor(req).detach()
+                if target.size() != tensor.size():
+                    raise RuntimeError(
+                        f"{req.storage_index}: stored {tuple(tensor.size())}, "
+                        f"expected {tuple(target.size())}"
+                    )
+                target.copy_(tensor)
+                planner.commit_tensor(req, target)
+            del arr
+        fut: Future = Future()
+        fut.set_result(None)
+        return fut
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id) -> bool:
+        return _is_repository(checkpoint_id)
+
+
+def _read_metadata(store: Store, version: str) -> Metadata:
+    return pickle.loads(store.get(METADATA_NAME, at=version).tobytes())
+
+
+def whole_tensors(location, ref: str = "main") -> dict:
+    """The DCP version ``ref`` of the repository at ``location`` in one process, without
+    ``torch.distributed``: every tensor whole (its shards assembled, ``torch.Tensor`` of
+    its saved dtype) and every bytes item as ``bytes``, by fully qualified name (nested
+    state dicts flattened with dots, as DCP stores them).
+
+    Reads every stored item once; memory: the whole state dict.
+
+    Raises ``UnknownRef``; ``KeyError`` for a version that is not a DCP save (no
+    ``.dcp/metadata``).
+    """
+    store = Store.open(_location(location))
+    version = store.version_hash(ref)
+    if METADATA_NAME not in store.snapshot(version):
+        raise KeyError(f"{ref!r} is not a DCP save: it has no {METADATA_NAME!r}")
+    md = _read_metadata(store, version)
+    out: dict = {}
+    for fqn, m in md.state_dict_metadata.items():
+        if isinstance(m, BytesStorageMetadata):
+            item = md.storage_data[MetadataIndex(fqn)]
+            out[fqn] = store.get(item.name, at=version).tobytes()
+            continue
+        full = torch.empty(tuple(m.size), dtype=m.properties.dtype)
+        for c in m.chunks:
+            item = md.storage_data[MetadataIndex(fqn, c.offsets)]
+            piece = _from_numpy(store.get(item.name, at=version), item)
+            where = tuple(slice(o, o + n) for o, n in zip(c.offsets, c.sizes))
+            full[where] = piece.reshape(tuple(c.sizes))
+        out[fqn] = full
+    return out
+
+
+def export_safetensors(location, path, ref: str = "main") -> list[str]:
+    """Write the DCP version ``ref`` as one ``.safetensors`` file of whole tensors (see
+    ``whole_tensors``), atomically. Bytes items, and tensors of a dtype the store has no
+    type for (``bool``, complex, 8-bit floats), are left out: their names are returned.
+    """
+    left_out = []
+    out = Store()
+    for name, value in whole_tensors(location, ref).items():
+        if isinstance(value, bytes) or (value.dtype not in _NATIVE
+                                        and value.dtype != torch.bfloat16):
+            left_out.append(name)
+            continue
+        arr, tag, _ = _to_numpy(value)
+        out.insert(name, arr, dtype=tag) if tag else out.insert(name, arr)
+    out.commit("export")
+    out.export_safetensors(os.fspath(path))
+    return sorted(left_out)
