@@ -23,6 +23,13 @@
 //! rows of dense histories: `memory_dense_100v`, `restore_encoded`, `disk_dense_10v`,
 //! `save_dense_vs_safetensors`), `--dir PATH` (where the repository rows write; default
 //! the system's temporary directory).
+//!
+//! `memory_dense_100v_peak_rss` runs in a child process (this program again, with the
+//! internal flag `--dense-memory-child`), which builds the dense history of
+//! `memory_dense_100v` and reads its peak resident set (`VmHWM` of `/proc/self/status`):
+//! baseline = the budget plus one model (what the budget promises to hold at most, with
+//! room for the model being trained), store = that peak; a ratio of 1 or more means the
+//! budget held. Linux only (elsewhere the row is left out).
 
 use std::collections::BTreeMap;
 use std::hint::black_box;
@@ -40,7 +47,7 @@ mod timing;
 use timing::{clock, interleave, timed, Res};
 
 /// Scenario names, in the order the report prints them.
-const SCENARIOS: [&str; 13] = [
+const SCENARIOS: [&str; 14] = [
     "commit_unchanged",
     "trial_sparse_0.1pct",
     "trial_sparse_1pct",
@@ -52,6 +59,7 @@ const SCENARIOS: [&str; 13] = [
     "diff_1pct",
     "memory_100v_1pct",
     "memory_dense_100v",
+    "memory_dense_100v_peak_rss",
     "restore_encoded",
     "verify_throughput",
 ];
@@ -67,6 +75,7 @@ struct Opts {
     serial_baseline: bool,
     repo_only: bool,
     dense_only: bool,
+    dense_memory_child: bool,
     dir: PathBuf,
 }
 
@@ -78,6 +87,7 @@ fn parse_args() -> Res<Opts> {
         serial_baseline: false,
         repo_only: false,
         dense_only: false,
+        dense_memory_child: false,
         dir: std::env::temp_dir(),
     };
     let mut args = std::env::args().skip(1);
@@ -94,6 +104,7 @@ fn parse_args() -> Res<Opts> {
             "--serial-baseline" => o.serial_baseline = true,
             "--repo-only" => o.repo_only = true,
             "--dense-only" => o.dense_only = true,
+            "--dense-memory-child" => o.dense_memory_child = true,
             "--dir" => o.dir = args.next().ok_or("--dir needs a value")?.into(),
             "--bench" => {} // passed by `cargo bench --examples`; ignore
             other => return Err(format!("unknown argument `{other}`").into()),
@@ -219,19 +230,24 @@ fn noise(t: usize, i: usize, step: usize) -> f32 {
 // enforce_memory_budget, holds `held_bytes`. Then restore + read of an encoded
 // version (the 50th, inside a delta chain) against HEAD (raw), decoded afresh each
 // run.
-fn dense_rows(
+/// The dense history of `memory_dense_100v`: the model, and a store with a budget of 3
+/// model sizes holding 101 dense versions (the background passes done, the budget
+/// enforced), with the ids of versions 1..=100.
+fn dense_history(
     opts: &Opts,
     cfg: &dyn Fn(Option<usize>) -> Config,
-    reps: usize,
-    root: &std::path::Path,
-    report: &mut Report,
-) -> Res<()> {
-    let dense = Model::new((opts.size_mib / 4).clamp(1, 64));
+    keep_model: bool,
+) -> Res<(Model, usize, Store, Vec<tensor_history::VersionId>)> {
+    let mut dense = Model::new((opts.size_mib / 4).clamp(1, 64));
     let dsize = dense.bytes();
     let mut store = dense.store(Config {
         memory_budget: Some(3 * dsize),
         ..cfg(None)
     })?;
+    if !keep_model {
+        // The child measuring peak memory holds the model once: in the store.
+        dense.data = Vec::new();
+    }
     dense_step(&mut store, &dense, 0)?;
     store.commit("v0")?;
     let mut ids = Vec::new();
@@ -240,6 +256,104 @@ fn dense_rows(
         ids.push(store.commit(&format!("v{step}"))?);
     }
     store.enforce_memory_budget();
+    Ok((dense, dsize, store, ids))
+}
+
+/// CPU time of this process (all threads), in seconds: on a machine shared with other
+/// work, per-core rates are bytes per CPU second, not per wall second.
+fn process_cpu_seconds() -> f64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid timespec to write.
+    #[allow(unsafe_code)]
+    unsafe {
+        libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts)
+    };
+    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
+}
+
+/// A line of `/proc/self/status` in bytes (`VmHWM`, `VmRSS`), if there is one.
+fn proc_status_bytes(key: &str) -> Option<usize> {
+    let s = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = s.lines().find(|l| l.starts_with(key))?;
+    let kb: usize = line[key.len()..]
+        .trim_start_matches(':')
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kb * 1024)
+}
+
+/// The child of `memory_dense_100v_peak_rss`: build the dense history with the model
+/// held only by the store, and print `peak_rss budget model held` (bytes) on stdout.
+fn dense_memory_child(opts: &Opts) -> Res<()> {
+    let cfg = |max_versions| Config {
+        chunk_bytes: opts.chunk_bytes,
+        max_versions,
+        ..Config::default()
+    };
+    let before = proc_status_bytes("VmRSS").ok_or("no VmRSS in /proc/self/status")?;
+    let (_, dsize, store, _) = dense_history(opts, &cfg, false)?;
+    let peak = proc_status_bytes("VmHWM").ok_or("no VmHWM in /proc/self/status")?;
+    println!(
+        "{peak} {} {dsize} {} {before}",
+        3 * dsize,
+        store.stats().held_bytes
+    );
+    Ok(())
+}
+
+/// `memory_dense_100v_peak_rss`: the child's peak resident set against the budget plus
+/// one model.
+fn dense_peak_rss_row(opts: &Opts, report: &mut Report) -> Res<()> {
+    if !cfg!(target_os = "linux") {
+        return Ok(());
+    }
+    let out = std::process::Command::new(std::env::current_exe()?)
+        .args([
+            "--dense-memory-child",
+            "--size-mib",
+            &opts.size_mib.to_string(),
+            "--chunk-bytes",
+            &opts.chunk_bytes.to_string(),
+        ])
+        .stderr(std::process::Stdio::inherit())
+        .output()?;
+    if !out.status.success() {
+        return Err(format!("dense memory child: {}", out.status).into());
+    }
+    let text = String::from_utf8(out.stdout)?;
+    let v: Vec<usize> = text
+        .split_whitespace()
+        .map(str::parse)
+        .collect::<Result<_, _>>()?;
+    let [peak, budget, model, held, start] = v[..] else {
+        return Err(format!("dense memory child printed `{text}`").into());
+    };
+    eprintln!(
+        "  memory_dense_100v_peak_rss: peak RSS {peak} bytes ({start} before the model), budget {budget}, model {model}, held at the end {held}"
+    );
+    report.add(
+        "memory_dense_100v_peak_rss",
+        "bytes",
+        (budget + model) as f64,
+        peak as f64,
+    );
+    Ok(())
+}
+
+fn dense_rows(
+    opts: &Opts,
+    cfg: &dyn Fn(Option<usize>) -> Config,
+    reps: usize,
+    root: &std::path::Path,
+    report: &mut Report,
+) -> Res<()> {
+    let (dense, dsize, store, ids) = dense_history(opts, cfg, true)?;
     let stats = store.stats();
     eprintln!(
         "  memory_dense_100v: model {dsize} bytes, {} versions, held {} bytes ({} encoded raw bytes in {})",
@@ -279,7 +393,46 @@ fn dense_rows(
     };
     let m = interleave(reps, &mut [&mut base, &mut st])?;
     report.add("restore_encoded", "ms", m[0], m[1]);
+    {
+        // Where an encoded restore's time goes: decoding (loading every chunk), then the
+        // copies out; and the decoded bytes per second per thread.
+        let mut s = store.borrow_mut();
+        s.restore(head)?;
+        s.enforce_memory_budget();
+        let (mut load, mut load_cpu, mut copy) = (Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..reps {
+            s.restore(head)?;
+            s.enforce_memory_budget();
+            s.restore(old)?;
+            let cpu = process_cpu_seconds();
+            load.push(
+                timed(|| {
+                    for n in dnames {
+                        s.tensor(n)?;
+                    }
+                    Ok(())
+                })?
+                .as_secs_f64(),
+            );
+            load_cpu.push(process_cpu_seconds() - cpu);
+            copy.push(timed(|| read(&s))?.as_secs_f64());
+        }
+        let (l, lc, c) = (
+            timing::median(load),
+            timing::median(load_cpu),
+            timing::median(copy),
+        );
+        eprintln!(
+            "  restore_encoded: decode {:.1} ms wall ({:.2} GB/s), {:.1} ms of CPU ({:.2} GB/s per core busy); copies out {:.1} ms",
+            l * 1e3,
+            dsize as f64 / l / 1e9,
+            lc * 1e3,
+            dsize as f64 / lc / 1e9,
+            c * 1e3
+        );
+    }
     drop(store);
+    dense_peak_rss_row(opts, report)?;
     repo_bench::dense(&dense, cfg, reps, root, report)
 }
 
@@ -341,6 +494,9 @@ fn fmt_num(v: f64) -> String {
 
 fn main() -> Res<()> {
     let opts = parse_args()?;
+    if opts.dense_memory_child {
+        return dense_memory_child(&opts);
+    }
     let start = Instant::now();
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let base_pool = rayon::ThreadPoolBuilder::new()
