@@ -30,6 +30,15 @@
 //! baseline = the budget plus one model (what the budget promises to hold at most, with
 //! room for the model being trained), store = that peak; a ratio of 1 or more means the
 //! budget held. Linux only (elsewhere the row is left out).
+//!
+//! `--minilm DIR` (or the environment variable `TH_MINILM_DIR`) adds, to `--dense-only`,
+//! the same two measures on real training data: the first 10 checkpoints
+//! (`step-0001.safetensors` ... in file-name order) that
+//! `bindings/python/benches/minilm_checkpoints.py DIR --steps 10` writes (all-MiniLM-L6-v2
+//! fine-tuned with AdamW, every parameter and its AdamW state, 260 MiB per step), in
+//! float32 and rounded to bfloat16: `minilm_memory_10v_*` (10 versions under a budget of
+//! 3 checkpoints: deep copies / held bytes) and `minilm_restore_encoded_*` (restore and
+//! read the 5th version, encoded, against HEAD). Not run in CI (the files take 2.6 GB).
 
 use std::collections::BTreeMap;
 use std::hint::black_box;
@@ -47,7 +56,7 @@ mod timing;
 use timing::{clock, interleave, timed, Res};
 
 /// Scenario names, in the order the report prints them.
-const SCENARIOS: [&str; 14] = [
+const SCENARIOS: [&str; 18] = [
     "commit_unchanged",
     "trial_sparse_0.1pct",
     "trial_sparse_1pct",
@@ -61,6 +70,10 @@ const SCENARIOS: [&str; 14] = [
     "memory_dense_100v",
     "memory_dense_100v_peak_rss",
     "restore_encoded",
+    "minilm_memory_10v_f32",
+    "minilm_restore_encoded_f32",
+    "minilm_memory_10v_bf16",
+    "minilm_restore_encoded_bf16",
     "verify_throughput",
 ];
 
@@ -76,6 +89,7 @@ struct Opts {
     repo_only: bool,
     dense_only: bool,
     dense_memory_child: bool,
+    minilm: Option<PathBuf>,
     dir: PathBuf,
 }
 
@@ -88,6 +102,7 @@ fn parse_args() -> Res<Opts> {
         repo_only: false,
         dense_only: false,
         dense_memory_child: false,
+        minilm: std::env::var_os("TH_MINILM_DIR").map(PathBuf::from),
         dir: std::env::temp_dir(),
     };
     let mut args = std::env::args().skip(1);
@@ -105,6 +120,7 @@ fn parse_args() -> Res<Opts> {
             "--repo-only" => o.repo_only = true,
             "--dense-only" => o.dense_only = true,
             "--dense-memory-child" => o.dense_memory_child = true,
+            "--minilm" => o.minilm = Some(args.next().ok_or("--minilm needs a value")?.into()),
             "--dir" => o.dir = args.next().ok_or("--dir needs a value")?.into(),
             "--bench" => {} // passed by `cargo bench --examples`; ignore
             other => return Err(format!("unknown argument `{other}`").into()),
@@ -436,6 +452,153 @@ fn dense_rows(
     repo_bench::dense(&dense, cfg, reps, root, report)
 }
 
+/// One checkpoint of `--minilm`: each tensor's name, shape and float32 values.
+type Checkpoint = Vec<(String, Vec<usize>, Vec<f32>)>;
+
+fn read_checkpoint(path: &std::path::Path) -> Res<Checkpoint> {
+    let data = std::fs::read(path)?;
+    let st = safetensors::SafeTensors::deserialize(&data)?;
+    let mut names: Vec<String> = st.names().into_iter().map(str::to_owned).collect();
+    names.sort();
+    let mut out = Vec::with_capacity(names.len());
+    for n in names {
+        let t = st.tensor(&n)?;
+        if t.dtype() != safetensors::Dtype::F32 {
+            return Err(
+                format!("{}: tensor {n} is {:?}, not F32", path.display(), t.dtype()).into(),
+            );
+        }
+        let v = t
+            .data()
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect();
+        out.push((n, t.shape().to_vec(), v));
+    }
+    Ok(out)
+}
+
+/// Put checkpoint `ck` into `store` as `T` (insert at the first, write after).
+fn put_checkpoint<T: tensor_history::Element>(
+    store: &mut Store,
+    ck: &Checkpoint,
+    first: bool,
+    conv: fn(f32) -> T,
+) -> Res<()> {
+    for (name, shape, v) in ck {
+        let a = ndarray::ArrayD::from_shape_vec(
+            ndarray::IxDyn(shape),
+            v.iter().map(|x| conv(*x)).collect(),
+        )?;
+        if first {
+            store.insert(name, &a)?;
+        } else {
+            store.write(name, &a)?;
+        }
+    }
+    Ok(())
+}
+
+// ---- minilm_*: the dense rows on real AdamW checkpoints (--minilm DIR) ---------------
+fn minilm_rows(dir: &std::path::Path, opts: &Opts, reps: usize, report: &mut Report) -> Res<()> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+        .collect();
+    files.sort();
+    files.truncate(10);
+    if files.len() < 2 {
+        return Err(format!("--minilm {}: fewer than 2 checkpoints", dir.display()).into());
+    }
+    for bf16 in [false, true] {
+        let (mem_row, restore_row, width) = if bf16 {
+            ("minilm_memory_10v_bf16", "minilm_restore_encoded_bf16", 2)
+        } else {
+            ("minilm_memory_10v_f32", "minilm_restore_encoded_f32", 4)
+        };
+        let mut store: Option<Store> = None;
+        let mut size = 0;
+        let mut ids = Vec::new();
+        for (k, f) in files.iter().enumerate() {
+            let ck = read_checkpoint(f)?;
+            if k == 0 {
+                size = ck.iter().map(|(_, _, v)| v.len() * width).sum::<usize>();
+                store = Some(Store::with_config(Config {
+                    chunk_bytes: opts.chunk_bytes,
+                    memory_budget: Some(3 * size),
+                    ..Config::default()
+                })?);
+            }
+            let s = store.as_mut().expect("made at the first checkpoint");
+            if bf16 {
+                put_checkpoint(s, &ck, k == 0, half::bf16::from_f32)?;
+            } else {
+                put_checkpoint(s, &ck, k == 0, |x| x)?;
+            }
+            ids.push(s.commit(&format!("step {}", k + 1))?);
+        }
+        let mut s = store.expect("at least 2 checkpoints");
+        s.enforce_memory_budget();
+        let stats = s.stats();
+        let n = ids.len();
+        eprintln!(
+            "  {mem_row}: {n} checkpoints of {size} bytes, held {} bytes ({} encoded raw bytes in {})",
+            stats.held_bytes, stats.encoded_bytes, stats.encoded_held_bytes
+        );
+        report.add(mem_row, "bytes", (n * size) as f64, stats.held_bytes as f64);
+        let names: Vec<String> = s.names();
+        let (head, old) = (ids[n - 1], ids[(n - 1) / 2]);
+        let read = |s: &Store| -> Res<()> {
+            for name in &names {
+                if bf16 {
+                    black_box(s.get::<half::bf16>(name)?);
+                } else {
+                    black_box(s.get::<f32>(name)?);
+                }
+            }
+            Ok(())
+        };
+        let store = std::cell::RefCell::new(s);
+        let mut base = || {
+            let mut s = store.borrow_mut();
+            timed(|| {
+                s.restore(head)?;
+                read(&s)
+            })
+        };
+        let mut st = || {
+            let mut s = store.borrow_mut();
+            s.restore(head)?;
+            s.enforce_memory_budget();
+            timed(|| {
+                s.restore(old)?;
+                read(&s)
+            })
+        };
+        let m = interleave(reps, &mut [&mut base, &mut st])?;
+        report.add(restore_row, "ms", m[0], m[1]);
+        let mut s = store.into_inner();
+        let mut cpu = Vec::new();
+        for _ in 0..reps {
+            s.restore(head)?;
+            s.enforce_memory_budget();
+            s.restore(old)?;
+            let c = process_cpu_seconds();
+            for name in &names {
+                s.tensor(name)?;
+            }
+            cpu.push(process_cpu_seconds() - c);
+        }
+        let c = timing::median(cpu);
+        eprintln!(
+            "  {restore_row}: decode {:.1} ms of CPU ({:.2} GB/s per core busy)",
+            c * 1e3,
+            size as f64 / c / 1e9
+        );
+    }
+    Ok(())
+}
+
 fn copy_all(src: &[Vec<f32>], dst: &mut [Vec<f32>]) {
     dst.par_iter_mut()
         .zip(src.par_iter())
@@ -542,6 +705,9 @@ fn main() -> Res<()> {
         .join(format!("tensor-history-bench-{}", std::process::id()));
     if opts.dense_only {
         dense_rows(&opts, &cfg, reps, &repo_root.join("dense"), &mut report)?;
+        if let Some(dir) = &opts.minilm {
+            minilm_rows(dir, &opts, reps, &mut report)?;
+        }
         let _ = std::fs::remove_dir_all(&repo_root);
         report.print();
         eprintln!("total {:.1} s", start.elapsed().as_secs_f64());
