@@ -23,6 +23,22 @@
 //! rows of dense histories: `memory_dense_100v`, `restore_encoded`, `disk_dense_10v`,
 //! `save_dense_vs_safetensors`), `--dir PATH` (where the repository rows write; default
 //! the system's temporary directory).
+//!
+//! `memory_dense_100v_peak_rss` runs in a child process (this program again, with the
+//! internal flag `--dense-memory-child`), which builds the dense history of
+//! `memory_dense_100v` and reads its peak resident set (`VmHWM` of `/proc/self/status`):
+//! baseline = the budget plus one model (what the budget promises to hold at most, with
+//! room for the model being trained), store = that peak; a ratio of 1 or more means the
+//! budget held. Linux only (elsewhere the row is left out).
+//!
+//! `--minilm DIR` (or the environment variable `TH_MINILM_DIR`) adds, to `--dense-only`,
+//! the same two measures on real training data: the first 10 checkpoints
+//! (`step-0001.safetensors` ... in file-name order) that
+//! `bindings/python/benches/minilm_checkpoints.py DIR --steps 10` writes (all-MiniLM-L6-v2
+//! fine-tuned with AdamW, every parameter and its AdamW state, 260 MiB per step), in
+//! float32 and rounded to bfloat16: `minilm_memory_10v_*` (10 versions under a budget of
+//! 3 checkpoints: deep copies / held bytes) and `minilm_restore_encoded_*` (restore and
+//! read the 5th version, encoded, against HEAD). Not run in CI (the files take 2.6 GB).
 
 use std::collections::BTreeMap;
 use std::hint::black_box;
@@ -40,7 +56,7 @@ mod timing;
 use timing::{clock, interleave, timed, Res};
 
 /// Scenario names, in the order the report prints them.
-const SCENARIOS: [&str; 13] = [
+const SCENARIOS: [&str; 18] = [
     "commit_unchanged",
     "trial_sparse_0.1pct",
     "trial_sparse_1pct",
@@ -52,7 +68,12 @@ const SCENARIOS: [&str; 13] = [
     "diff_1pct",
     "memory_100v_1pct",
     "memory_dense_100v",
+    "memory_dense_100v_peak_rss",
     "restore_encoded",
+    "minilm_memory_10v_f32",
+    "minilm_restore_encoded_f32",
+    "minilm_memory_10v_bf16",
+    "minilm_restore_encoded_bf16",
     "verify_throughput",
 ];
 
@@ -67,6 +88,8 @@ struct Opts {
     serial_baseline: bool,
     repo_only: bool,
     dense_only: bool,
+    dense_memory_child: bool,
+    minilm: Option<PathBuf>,
     dir: PathBuf,
 }
 
@@ -78,6 +101,8 @@ fn parse_args() -> Res<Opts> {
         serial_baseline: false,
         repo_only: false,
         dense_only: false,
+        dense_memory_child: false,
+        minilm: std::env::var_os("TH_MINILM_DIR").map(PathBuf::from),
         dir: std::env::temp_dir(),
     };
     let mut args = std::env::args().skip(1);
@@ -94,6 +119,8 @@ fn parse_args() -> Res<Opts> {
             "--serial-baseline" => o.serial_baseline = true,
             "--repo-only" => o.repo_only = true,
             "--dense-only" => o.dense_only = true,
+            "--dense-memory-child" => o.dense_memory_child = true,
+            "--minilm" => o.minilm = Some(args.next().ok_or("--minilm needs a value")?.into()),
             "--dir" => o.dir = args.next().ok_or("--dir needs a value")?.into(),
             "--bench" => {} // passed by `cargo bench --examples`; ignore
             other => return Err(format!("unknown argument `{other}`").into()),
@@ -219,19 +246,24 @@ fn noise(t: usize, i: usize, step: usize) -> f32 {
 // enforce_memory_budget, holds `held_bytes`. Then restore + read of an encoded
 // version (the 50th, inside a delta chain) against HEAD (raw), decoded afresh each
 // run.
-fn dense_rows(
+/// The dense history of `memory_dense_100v`: the model, and a store with a budget of 3
+/// model sizes holding 101 dense versions (the background passes done, the budget
+/// enforced), with the ids of versions 1..=100.
+fn dense_history(
     opts: &Opts,
     cfg: &dyn Fn(Option<usize>) -> Config,
-    reps: usize,
-    root: &std::path::Path,
-    report: &mut Report,
-) -> Res<()> {
-    let dense = Model::new((opts.size_mib / 4).clamp(1, 64));
+    keep_model: bool,
+) -> Res<(Model, usize, Store, Vec<tensor_history::VersionId>)> {
+    let mut dense = Model::new((opts.size_mib / 4).clamp(1, 64));
     let dsize = dense.bytes();
     let mut store = dense.store(Config {
         memory_budget: Some(3 * dsize),
         ..cfg(None)
     })?;
+    if !keep_model {
+        // The child measuring peak memory holds the model once: in the store.
+        dense.data = Vec::new();
+    }
     dense_step(&mut store, &dense, 0)?;
     store.commit("v0")?;
     let mut ids = Vec::new();
@@ -240,6 +272,104 @@ fn dense_rows(
         ids.push(store.commit(&format!("v{step}"))?);
     }
     store.enforce_memory_budget();
+    Ok((dense, dsize, store, ids))
+}
+
+/// CPU time of this process (all threads), in seconds: on a machine shared with other
+/// work, per-core rates are bytes per CPU second, not per wall second.
+fn process_cpu_seconds() -> f64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid timespec to write.
+    #[allow(unsafe_code)]
+    unsafe {
+        libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts)
+    };
+    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
+}
+
+/// A line of `/proc/self/status` in bytes (`VmHWM`, `VmRSS`), if there is one.
+fn proc_status_bytes(key: &str) -> Option<usize> {
+    let s = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = s.lines().find(|l| l.starts_with(key))?;
+    let kb: usize = line[key.len()..]
+        .trim_start_matches(':')
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kb * 1024)
+}
+
+/// The child of `memory_dense_100v_peak_rss`: build the dense history with the model
+/// held only by the store, and print `peak_rss budget model held` (bytes) on stdout.
+fn dense_memory_child(opts: &Opts) -> Res<()> {
+    let cfg = |max_versions| Config {
+        chunk_bytes: opts.chunk_bytes,
+        max_versions,
+        ..Config::default()
+    };
+    let before = proc_status_bytes("VmRSS").ok_or("no VmRSS in /proc/self/status")?;
+    let (_, dsize, store, _) = dense_history(opts, &cfg, false)?;
+    let peak = proc_status_bytes("VmHWM").ok_or("no VmHWM in /proc/self/status")?;
+    println!(
+        "{peak} {} {dsize} {} {before}",
+        3 * dsize,
+        store.stats().held_bytes
+    );
+    Ok(())
+}
+
+/// `memory_dense_100v_peak_rss`: the child's peak resident set against the budget plus
+/// one model.
+fn dense_peak_rss_row(opts: &Opts, report: &mut Report) -> Res<()> {
+    if !cfg!(target_os = "linux") {
+        return Ok(());
+    }
+    let out = std::process::Command::new(std::env::current_exe()?)
+        .args([
+            "--dense-memory-child",
+            "--size-mib",
+            &opts.size_mib.to_string(),
+            "--chunk-bytes",
+            &opts.chunk_bytes.to_string(),
+        ])
+        .stderr(std::process::Stdio::inherit())
+        .output()?;
+    if !out.status.success() {
+        return Err(format!("dense memory child: {}", out.status).into());
+    }
+    let text = String::from_utf8(out.stdout)?;
+    let v: Vec<usize> = text
+        .split_whitespace()
+        .map(str::parse)
+        .collect::<Result<_, _>>()?;
+    let [peak, budget, model, held, start] = v[..] else {
+        return Err(format!("dense memory child printed `{text}`").into());
+    };
+    eprintln!(
+        "  memory_dense_100v_peak_rss: peak RSS {peak} bytes ({start} before the model), budget {budget}, model {model}, held at the end {held}"
+    );
+    report.add(
+        "memory_dense_100v_peak_rss",
+        "bytes",
+        (budget + model) as f64,
+        peak as f64,
+    );
+    Ok(())
+}
+
+fn dense_rows(
+    opts: &Opts,
+    cfg: &dyn Fn(Option<usize>) -> Config,
+    reps: usize,
+    root: &std::path::Path,
+    report: &mut Report,
+) -> Res<()> {
+    let (dense, dsize, store, ids) = dense_history(opts, cfg, true)?;
     let stats = store.stats();
     eprintln!(
         "  memory_dense_100v: model {dsize} bytes, {} versions, held {} bytes ({} encoded raw bytes in {})",
@@ -279,8 +409,194 @@ fn dense_rows(
     };
     let m = interleave(reps, &mut [&mut base, &mut st])?;
     report.add("restore_encoded", "ms", m[0], m[1]);
+    {
+        // Where an encoded restore's time goes: decoding (loading every chunk), then the
+        // copies out; and the decoded bytes per second per thread.
+        let mut s = store.borrow_mut();
+        s.restore(head)?;
+        s.enforce_memory_budget();
+        let (mut load, mut load_cpu, mut copy) = (Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..reps {
+            s.restore(head)?;
+            s.enforce_memory_budget();
+            s.restore(old)?;
+            let cpu = process_cpu_seconds();
+            load.push(
+                timed(|| {
+                    for n in dnames {
+                        s.tensor(n)?;
+                    }
+                    Ok(())
+                })?
+                .as_secs_f64(),
+            );
+            load_cpu.push(process_cpu_seconds() - cpu);
+            copy.push(timed(|| read(&s))?.as_secs_f64());
+        }
+        let (l, lc, c) = (
+            timing::median(load),
+            timing::median(load_cpu),
+            timing::median(copy),
+        );
+        eprintln!(
+            "  restore_encoded: decode {:.1} ms wall ({:.2} GB/s), {:.1} ms of CPU ({:.2} GB/s per core busy); copies out {:.1} ms",
+            l * 1e3,
+            dsize as f64 / l / 1e9,
+            lc * 1e3,
+            dsize as f64 / lc / 1e9,
+            c * 1e3
+        );
+    }
     drop(store);
+    dense_peak_rss_row(opts, report)?;
     repo_bench::dense(&dense, cfg, reps, root, report)
+}
+
+/// One checkpoint of `--minilm`: each tensor's name, shape and float32 values.
+type Checkpoint = Vec<(String, Vec<usize>, Vec<f32>)>;
+
+fn read_checkpoint(path: &std::path::Path) -> Res<Checkpoint> {
+    let data = std::fs::read(path)?;
+    let st = safetensors::SafeTensors::deserialize(&data)?;
+    let mut names: Vec<String> = st.names().into_iter().map(str::to_owned).collect();
+    names.sort();
+    let mut out = Vec::with_capacity(names.len());
+    for n in names {
+        let t = st.tensor(&n)?;
+        if t.dtype() != safetensors::Dtype::F32 {
+            return Err(
+                format!("{}: tensor {n} is {:?}, not F32", path.display(), t.dtype()).into(),
+            );
+        }
+        let v = t
+            .data()
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect();
+        out.push((n, t.shape().to_vec(), v));
+    }
+    Ok(out)
+}
+
+/// Put checkpoint `ck` into `store` as `T` (insert at the first, write after).
+fn put_checkpoint<T: tensor_history::Element>(
+    store: &mut Store,
+    ck: &Checkpoint,
+    first: bool,
+    conv: fn(f32) -> T,
+) -> Res<()> {
+    for (name, shape, v) in ck {
+        let a = ndarray::ArrayD::from_shape_vec(
+            ndarray::IxDyn(shape),
+            v.iter().map(|x| conv(*x)).collect(),
+        )?;
+        if first {
+            store.insert(name, &a)?;
+        } else {
+            store.write(name, &a)?;
+        }
+    }
+    Ok(())
+}
+
+// ---- minilm_*: the dense rows on real AdamW checkpoints (--minilm DIR) ---------------
+fn minilm_rows(dir: &std::path::Path, opts: &Opts, reps: usize, report: &mut Report) -> Res<()> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+        .collect();
+    files.sort();
+    files.truncate(10);
+    if files.len() < 2 {
+        return Err(format!("--minilm {}: fewer than 2 checkpoints", dir.display()).into());
+    }
+    for bf16 in [false, true] {
+        let (mem_row, restore_row, width) = if bf16 {
+            ("minilm_memory_10v_bf16", "minilm_restore_encoded_bf16", 2)
+        } else {
+            ("minilm_memory_10v_f32", "minilm_restore_encoded_f32", 4)
+        };
+        let mut store: Option<Store> = None;
+        let mut size = 0;
+        let mut ids = Vec::new();
+        for (k, f) in files.iter().enumerate() {
+            let ck = read_checkpoint(f)?;
+            if k == 0 {
+                size = ck.iter().map(|(_, _, v)| v.len() * width).sum::<usize>();
+                store = Some(Store::with_config(Config {
+                    chunk_bytes: opts.chunk_bytes,
+                    memory_budget: Some(3 * size),
+                    ..Config::default()
+                })?);
+            }
+            let s = store.as_mut().expect("made at the first checkpoint");
+            if bf16 {
+                put_checkpoint(s, &ck, k == 0, half::bf16::from_f32)?;
+            } else {
+                put_checkpoint(s, &ck, k == 0, |x| x)?;
+            }
+            ids.push(s.commit(&format!("step {}", k + 1))?);
+        }
+        let mut s = store.expect("at least 2 checkpoints");
+        s.enforce_memory_budget();
+        let stats = s.stats();
+        let n = ids.len();
+        eprintln!(
+            "  {mem_row}: {n} checkpoints of {size} bytes, held {} bytes ({} encoded raw bytes in {})",
+            stats.held_bytes, stats.encoded_bytes, stats.encoded_held_bytes
+        );
+        report.add(mem_row, "bytes", (n * size) as f64, stats.held_bytes as f64);
+        let names: Vec<String> = s.names();
+        let (head, old) = (ids[n - 1], ids[(n - 1) / 2]);
+        let read = |s: &Store| -> Res<()> {
+            for name in &names {
+                if bf16 {
+                    black_box(s.get::<half::bf16>(name)?);
+                } else {
+                    black_box(s.get::<f32>(name)?);
+                }
+            }
+            Ok(())
+        };
+        let store = std::cell::RefCell::new(s);
+        let mut base = || {
+            let mut s = store.borrow_mut();
+            timed(|| {
+                s.restore(head)?;
+                read(&s)
+            })
+        };
+        let mut st = || {
+            let mut s = store.borrow_mut();
+            s.restore(head)?;
+            s.enforce_memory_budget();
+            timed(|| {
+                s.restore(old)?;
+                read(&s)
+            })
+        };
+        let m = interleave(reps, &mut [&mut base, &mut st])?;
+        report.add(restore_row, "ms", m[0], m[1]);
+        let mut s = store.into_inner();
+        let mut cpu = Vec::new();
+        for _ in 0..reps {
+            s.restore(head)?;
+            s.enforce_memory_budget();
+            s.restore(old)?;
+            let c = process_cpu_seconds();
+            for name in &names {
+                s.tensor(name)?;
+            }
+            cpu.push(process_cpu_seconds() - c);
+        }
+        let c = timing::median(cpu);
+        eprintln!(
+            "  {restore_row}: decode {:.1} ms of CPU ({:.2} GB/s per core busy)",
+            c * 1e3,
+            size as f64 / c / 1e9
+        );
+    }
+    Ok(())
 }
 
 fn copy_all(src: &[Vec<f32>], dst: &mut [Vec<f32>]) {
@@ -341,6 +657,9 @@ fn fmt_num(v: f64) -> String {
 
 fn main() -> Res<()> {
     let opts = parse_args()?;
+    if opts.dense_memory_child {
+        return dense_memory_child(&opts);
+    }
     let start = Instant::now();
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let base_pool = rayon::ThreadPoolBuilder::new()
@@ -386,6 +705,9 @@ fn main() -> Res<()> {
         .join(format!("tensor-history-bench-{}", std::process::id()));
     if opts.dense_only {
         dense_rows(&opts, &cfg, reps, &repo_root.join("dense"), &mut report)?;
+        if let Some(dir) = &opts.minilm {
+            minilm_rows(dir, &opts, reps, &mut report)?;
+        }
         let _ = std::fs::remove_dir_all(&repo_root);
         report.print();
         eprintln!("total {:.1} s", start.elapsed().as_secs_f64());

@@ -65,6 +65,13 @@ pub const CODEC_VERSION: u8 = 2;
 /// `benches/README.md`).
 pub const ZSTD_LEVEL: i32 = 3;
 
+/// zstd's shortest match in [`encode`]'s planes: 7, zstd's longest setting (level 3
+/// uses 5). A plane's matches are runs of zero bytes (a delta's high planes), long
+/// anyway; in the noisy planes (a delta's second plane: a few low bits of each element)
+/// short matches save little and make decoding run zstd's sequence decoder over most of
+/// the plane instead of its Huffman literal decoder.
+pub const ZSTD_MIN_MATCH: u32 = 7;
+
 /// A coded chunk is kept only if it is at most `len - len / MIN_SAVING_DIVISOR` bytes
 /// (it saves at least 4%); otherwise the chunk is stored raw.
 pub const MIN_SAVING_DIVISOR: usize = 25;
@@ -486,12 +493,14 @@ fn join<const W: usize>(planes: &[u8], base: Option<&[u8]>, dst: &mut [u8]) {
     let ins: [&[u8]; W] = std::array::from_fn(|p| &planes[p * n..(p + 1) * n]);
     let tail = &planes[n * W..];
     let (body, dtail) = dst.split_at_mut(n * W);
+    // Each element assembled as one little-endian word from its W plane bytes, and
+    // stored whole (with its base's word XOR-ed in): loops the compiler vectorizes, not
+    // W byte stores per element.
     match base {
         Some(b) => {
             for (i, (e, be)) in body.chunks_exact_mut(W).zip(b.chunks_exact(W)).enumerate() {
-                for p in 0..W {
-                    e[p] = ins[p][i] ^ be[p];
-                }
+                let w = word::<W>(&ins, i) ^ load::<W>(be);
+                e.copy_from_slice(&w.to_le_bytes()[..W]);
             }
             for ((d, s), b) in dtail.iter_mut().zip(tail).zip(&b[n * W..]) {
                 *d = s ^ b;
@@ -499,13 +508,30 @@ fn join<const W: usize>(planes: &[u8], base: Option<&[u8]>, dst: &mut [u8]) {
         }
         None => {
             for (i, e) in body.chunks_exact_mut(W).enumerate() {
-                for p in 0..W {
-                    e[p] = ins[p][i];
-                }
+                let w = word::<W>(&ins, i);
+                e.copy_from_slice(&w.to_le_bytes()[..W]);
             }
             dtail.copy_from_slice(tail);
         }
     }
+}
+
+/// Element `i` of the planes `ins` as a little-endian word (in the low `W` bytes).
+#[inline(always)]
+fn word<const W: usize>(ins: &[&[u8]; W], i: usize) -> u64 {
+    let mut w = 0u64;
+    for (p, plane) in ins.iter().enumerate() {
+        w |= u64::from(plane[i]) << (8 * p);
+    }
+    w
+}
+
+/// The `W` little-endian bytes of `b` as a word.
+#[inline(always)]
+fn load<const W: usize>(b: &[u8]) -> u64 {
+    let mut w = [0u8; 8];
+    w[..W].copy_from_slice(&b[..W]);
+    u64::from_le_bytes(w)
 }
 
 thread_local! {
@@ -521,7 +547,13 @@ fn compress_plane(plane: &[u8], limit: usize) -> Option<Vec<u8>> {
     COMPRESSOR.with(|c| {
         let mut c = c.borrow_mut();
         if c.is_none() {
-            *c = zstd::bulk::Compressor::new(ZSTD_LEVEL).ok();
+            *c = zstd::bulk::Compressor::new(ZSTD_LEVEL)
+                .ok()
+                .and_then(|mut c| {
+                    c.set_parameter(zstd::zstd_safe::CParameter::MinMatch(ZSTD_MIN_MATCH))
+                        .ok()?;
+                    Some(c)
+                });
         }
         let comp = c.as_mut()?;
         let mut frame = Vec::with_capacity(zstd::zstd_safe::compress_bound(plane.len()));

@@ -596,3 +596,44 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn a_chain_at_its_bound_of_every_width_decodes_special_values_bit_for_bit() {
+    // Full chunk + 8 deltas (the bound of the in-memory chains), every element width,
+    // lengths with and without trailing bytes; each step flips bits in every byte of
+    // some elements (sign, exponent, NaN payloads, denormals) and the low bytes of all.
+    let mut rng = Rng(0x5eed);
+    for dtype in [DType::U8, DType::BF16, DType::F16, DType::F32, DType::F64] {
+        let w = dtype.size();
+        for len in [w * 1000, w * 1000 + w.saturating_sub(1), 8 * 1024 + 3] {
+            let mut v = vec![values(dtype, len, len as u64)];
+            for k in 1..9 {
+                let mut next = v[k - 1].clone();
+                for (i, e) in next.chunks_mut(w).enumerate() {
+                    e[0] ^= rng.next() as u8;
+                    if i % 13 == k {
+                        let sp = specials(dtype);
+                        let bits = sp[(i + k) % sp.len()].to_le_bytes();
+                        e.copy_from_slice(&bits[..e.len()]);
+                    }
+                }
+                v.push(next);
+            }
+            let mut links: Vec<Vec<u8>> =
+                vec![encode_as(Method::Planes, &v[0], w, None).into_bytes()];
+            for k in 1..9 {
+                let b = id(&v[k - 1]);
+                links.push(
+                    encode_as(Method::XorPlanes, &v[k], w, Some((&b, &v[k - 1]))).into_bytes(),
+                );
+            }
+            links.reverse();
+            let refs: Vec<&[u8]> = links.iter().map(|l| &l[..]).collect();
+            for k in 0..9 {
+                let back = decode_chain(&refs[8 - k..], None, &id(&v[k]), len)
+                    .unwrap_or_else(|e| panic!("{dtype} len {len} v{k}: {e}"));
+                assert_eq!(&*back, &v[k][..], "{dtype} len {len} v{k}");
+            }
+        }
+    }
+}
