@@ -98,3 +98,55 @@ pub fn install<R: Send>(f: impl FnOnce() -> R + Send) -> R {
         None => f(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, AtomicUsize};
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    use rayon::prelude::*;
+
+    use super::*;
+
+    /// A parallel loop on the caller's thread finishes while a background loop holds
+    /// every worker of its pool: the background loop's jobs wait for the foreground one
+    /// to end (up to a deadline), so on one shared pool the foreground job would sit
+    /// behind them until the deadline.
+    #[test]
+    fn a_foreground_loop_does_not_wait_for_background_work() {
+        let fg_done = Arc::new(AtomicBool::new(false));
+        let started = Arc::new(AtomicUsize::new(0));
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let (d, s) = (Arc::clone(&fg_done), Arc::clone(&started));
+        let bg = std::thread::spawn(move || {
+            background();
+            install(|| {
+                (0..64).into_par_iter().with_min_len(1).for_each(|_| {
+                    s.fetch_add(1, Ordering::SeqCst);
+                    while !d.load(Ordering::SeqCst) && Instant::now() < deadline {
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                });
+            });
+        });
+        while started.load(Ordering::SeqCst) == 0 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let sum: u64 = install(|| {
+            (0..1000u32)
+                .into_par_iter()
+                .with_min_len(1)
+                .map(u64::from)
+                .sum()
+        });
+        let in_time = Instant::now() < deadline;
+        fg_done.store(true, Ordering::SeqCst);
+        bg.join().unwrap();
+        assert_eq!(sum, 499_500);
+        assert!(
+            in_time,
+            "the foreground loop waited for the background loop's jobs"
+        );
+    }
+}
