@@ -171,17 +171,21 @@ impl Store {
         }
     }
 
-    /// Swap the encoded chunks of a finished pass in. The raw buffers freed leave the
-    /// process rather than fill the pool (the pool keeps what it held before).
+    /// Swap the encoded chunks of a finished pass in. Of the raw buffers freed, the pool
+    /// keeps as many as the working state has chunks (what the next dense commit copies
+    /// into: it then pays no page fault), the rest leave the process; the pool never
+    /// drops below what it held before. So a history under the budget holds about the
+    /// budget plus one working state.
     fn apply(&mut self, done: Done) {
         if done.is_empty() {
             return;
         }
+        let working_chunks: usize = self.working.values().map(|t| t.num_chunks()).sum();
         let pooled_before = self.pool().map(|p| p.buffers());
         self.replace_chunks(|c| done.get(&c.addr()).map(|(_, e)| e.clone()));
         drop(done);
-        if let (Some(pool), Some(keep)) = (self.pool(), pooled_before) {
-            pool.truncate(keep);
+        if let (Some(pool), Some(before)) = (self.pool(), pooled_before) {
+            pool.truncate(before.max(working_chunks));
         }
     }
 

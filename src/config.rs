@@ -76,6 +76,11 @@ pub struct Config {
     /// wait for encoding; [`Store::enforce_memory_budget`](crate::Store::enforce_memory_budget)
     /// does it at once. HEAD and the working state stay raw, so the budget can be
     /// exceeded by them (and by what no codec saves): it is a target, not a hard limit.
+    /// Of the raw buffers an encoding frees, the buffer pool (see `recycle_bytes`) keeps
+    /// as many as the working state has chunks, so the next dense commit copies into
+    /// memory that is already mapped: the store holds about the budget plus one working
+    /// state. The encoding runs on a thread pool of its own, never the one a commit's or
+    /// restore's parallel copy runs on.
     #[serde(default)]
     pub memory_budget: Option<usize>,
 }

@@ -199,6 +199,7 @@ impl Budget {
         let spawned = std::thread::Builder::new()
             .name("tensor-history-encode".into())
             .spawn(move || {
+                crate::parallel::background();
                 let r = run(plan);
                 if let Ok(mut g) = slot.lock() {
                     *g = Some(r);

@@ -8,7 +8,15 @@
 //! start on Linux). The pool here remembers the id of the process that built it; a call
 //! from another process builds a new pool for that process (the old one is left alone:
 //! its threads do not exist there).
+//!
+//! Work of the crate's own background threads (the memory budget's encoding pass, the
+//! writer of a background save) runs on a second pool. A parallel loop on the caller's
+//! thread (the compare and copy of a `keep()`, the write-back of a revert) then never
+//! queues behind theirs: rayon's workers finish the jobs of the loop they are in before
+//! they take a job injected from outside, so one shared pool made a 30 MiB revert wait
+//! for a whole encoding pass (hundreds of milliseconds) while it needed about 5.
 
+use std::cell::Cell;
 use std::sync::atomic::{AtomicPtr, Ordering};
 
 use rayon::{ThreadPool, ThreadPoolBuilder};
@@ -22,11 +30,27 @@ struct Pool {
 
 static POOL: AtomicPtr<Pool> = AtomicPtr::new(std::ptr::null_mut());
 
-/// The pool of the current process, built on first use (`None` if no thread could be
-/// started).
-fn pool() -> Option<&'static ThreadPool> {
+/// The pool of background work (see the module docs), built the same way.
+static BACKGROUND_POOL: AtomicPtr<Pool> = AtomicPtr::new(std::ptr::null_mut());
+
+thread_local! {
+    /// Whether this thread does background work: set by [`background`] on the crate's
+    /// background threads and on the background pool's workers.
+    static BACKGROUND: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Mark the calling thread as one of the crate's background threads for the rest of its
+/// life: its parallel loops (and those nested in them) run on the background pool.
+pub(crate) fn background() {
+    BACKGROUND.with(|b| b.set(true));
+}
+
+/// The pool of the current process for foreground (`false`) or background (`true`)
+/// work, built on first use (`None` if no thread could be started).
+fn pool(background: bool) -> Option<&'static ThreadPool> {
+    let slot = if background { &BACKGROUND_POOL } else { &POOL };
     let pid = std::process::id();
-    let cur = POOL.load(Ordering::Acquire);
+    let cur = slot.load(Ordering::Acquire);
     // SAFETY: a non-null pointer in `POOL` comes from `Box::leak` below and is never
     // freed, so it is valid for the rest of the process (and of any forked child).
     #[allow(unsafe_code)]
@@ -35,12 +59,17 @@ fn pool() -> Option<&'static ThreadPool> {
             return Some(&p.pool);
         }
     }
-    let pool = ThreadPoolBuilder::new()
-        .thread_name(|i| format!("tensor-history-{i}"))
-        .build()
-        .ok()?;
+    let builder = ThreadPoolBuilder::new();
+    let builder = if background {
+        builder
+            .thread_name(|i| format!("tensor-history-bg-{i}"))
+            .start_handler(|_| self::background())
+    } else {
+        builder.thread_name(|i| format!("tensor-history-{i}"))
+    };
+    let pool = builder.build().ok()?;
     let new: &'static mut Pool = Box::leak(Box::new(Pool { pid, pool }));
-    match POOL.compare_exchange(cur, new, Ordering::AcqRel, Ordering::Acquire) {
+    match slot.compare_exchange(cur, new, Ordering::AcqRel, Ordering::Acquire) {
         Ok(_) => Some(&new.pool),
         Err(other) => {
             // Another thread of this process installed its pool first: use that one.
@@ -59,12 +88,65 @@ fn pool() -> Option<&'static ThreadPool> {
 }
 
 /// Run `f` on the crate's thread pool: rayon parallel iterators inside `f` use that pool,
-/// never rayon's global one. After a `fork()`, the child gets a pool of its own. (If the
+/// never rayon's global one (on a background thread of the crate, the background pool:
+/// see the module docs). After a `fork()`, the child gets a pool of its own. (If the
 /// operating system refuses to start threads, `f` runs on the calling thread with rayon's
 /// defaults.)
 pub fn install<R: Send>(f: impl FnOnce() -> R + Send) -> R {
-    match pool() {
+    match pool(BACKGROUND.with(Cell::get)) {
         Some(p) => p.install(f),
         None => f(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, AtomicUsize};
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    use rayon::prelude::*;
+
+    use super::*;
+
+    /// A parallel loop on the caller's thread finishes while a background loop holds
+    /// every worker of its pool: the background loop's jobs wait for the foreground one
+    /// to end (up to a deadline), so on one shared pool the foreground job would sit
+    /// behind them until the deadline.
+    #[test]
+    fn a_foreground_loop_does_not_wait_for_background_work() {
+        let fg_done = Arc::new(AtomicBool::new(false));
+        let started = Arc::new(AtomicUsize::new(0));
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let (d, s) = (Arc::clone(&fg_done), Arc::clone(&started));
+        let bg = std::thread::spawn(move || {
+            background();
+            install(|| {
+                (0..64).into_par_iter().with_min_len(1).for_each(|_| {
+                    s.fetch_add(1, Ordering::SeqCst);
+                    while !d.load(Ordering::SeqCst) && Instant::now() < deadline {
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                });
+            });
+        });
+        while started.load(Ordering::SeqCst) == 0 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let sum: u64 = install(|| {
+            (0..1000u32)
+                .into_par_iter()
+                .with_min_len(1)
+                .map(u64::from)
+                .sum()
+        });
+        let in_time = Instant::now() < deadline;
+        fg_done.store(true, Ordering::SeqCst);
+        bg.join().unwrap();
+        assert_eq!(sum, 499_500);
+        assert!(
+            in_time,
+            "the foreground loop waited for the background loop's jobs"
+        );
     }
 }

@@ -861,34 +861,36 @@ impl Tensor {
     }
 
     /// Overwrite from a flat row-major slice, keeping every chunk whose bytes are equal.
+    ///
+    /// One pass, in parallel over chunks: each chunk is compared and, where it differs,
+    /// copied at once (in place when this tensor holds it alone, else into a new buffer),
+    /// while its bytes are still in cache. A dense change differs in its first bytes, so
+    /// it costs about one copy.
     pub(crate) fn write_from<T: Element>(&mut self, src: &[T], ctx: &WriteCtx) -> WriteStats {
         debug_assert_eq!(src.len(), self.len(), "write_from: length differs");
-        let ce = self.chunk_elems;
+        let ce = self.chunk_elems.max(1);
         let alloc = &ctx.alloc;
-        let chunks: Vec<(usize, &Chunk)> = self.chunks.iter().enumerate().collect();
-        let changed: Vec<usize> =
-            map_par_from(ctx.par_min_bytes, chunks, self.nbytes(), |(i, c)| {
-                let new = &src[i * ce..i * ce + c.len_bytes() / std::mem::size_of::<T>()];
-                (bytemuck::cast_slice::<T, u8>(new) != c.data()).then_some(i)
-            })
-            .into_iter()
-            .flatten()
-            .collect();
-        let mut stats = WriteStats {
-            chunks_total: self.num_chunks(),
-            ..WriteStats::default()
-        };
-        for i in changed {
-            let Some(chunk) = self.chunks.get_mut(i) else {
-                break;
-            };
-            let new = &src[i * ce..i * ce + chunk.len_bytes() / std::mem::size_of::<T>()];
-            stats.chunks_changed += 1;
-            stats.bytes_copied += chunk.len_bytes();
+        let nbytes = self.nbytes();
+        let total = self.num_chunks();
+        let jobs: Vec<(&mut Chunk, &[T])> = self.chunks.iter_mut().zip(src.chunks(ce)).collect();
+        let copied: Vec<usize> = map_par_from(ctx.par_min_bytes, jobs, nbytes, |(chunk, new)| {
+            if bytemuck::cast_slice::<T, u8>(new) == chunk.data() {
+                return 0;
+            }
+            let len = chunk.len_bytes();
             match chunk.get_mut() {
                 Some(data) => data.slice_mut::<T>().copy_from_slice(new),
                 None => *chunk = alloc.chunk_from_bytes(bytemuck::cast_slice(new)),
             }
+            len
+        });
+        let mut stats = WriteStats {
+            chunks_total: total,
+            ..WriteStats::default()
+        };
+        for len in copied.into_iter().filter(|&n| n > 0) {
+            stats.chunks_changed += 1;
+            stats.bytes_copied += len;
         }
         stats
     }

@@ -308,6 +308,7 @@ impl Store {
         let spawned = std::thread::Builder::new()
             .name("tensor-history-save".into())
             .spawn(move || {
+                crate::parallel::background();
                 let taken = writer_job.lock().map(|mut g| g.take()).ok().flatten();
                 if let Some((hist, link)) = taken {
                     let (finished, outcome) = write(hist, link);

