@@ -199,15 +199,27 @@ impl Store {
 
     /// After a commit: take in a finished pass, and start one if the held bytes passed
     /// the budget. O(chunks) pointer walk; encoding runs on another thread.
+    ///
+    /// Back-pressure: while a pass runs, commits go on without waiting until the raw
+    /// bytes held (working state and HEAD included) pass twice the budget; the commit
+    /// that finds them past it waits for the pass and starts the next one. So commits
+    /// faster than the encoder cannot make the raw part of the history grow without
+    /// bound: memory peaks near what the history holds encoded plus twice the budget.
     pub(crate) fn budget_after_commit(&mut self) {
         let Some(budget) = self.config.memory_budget else {
             return;
         };
         self.collect_pass();
+        let mut m = self.memory();
         if self.budget.running() {
-            return;
+            if m.raw_held <= budget.saturating_mul(2) {
+                return;
+            }
+            if let Some(done) = self.budget.wait() {
+                self.apply(done);
+            }
+            m = self.memory();
         }
-        let m = self.memory();
         let held = m.raw_held + m.encoded_held;
         if held <= budget {
             return;

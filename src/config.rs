@@ -72,10 +72,14 @@ pub struct Config {
     /// with chains of at most [`MAX_DELTA_CHAIN`](crate::MAX_DELTA_CHAIN) deltas (see
     /// [`codec`](crate::codec)). The encoded chunks replace the raw ones at the next
     /// commit after the thread is done; reading such a version (restore, get, diff,
-    /// export, save) decodes what it reads. A commit, a `keep` and a revert to HEAD never
-    /// wait for encoding; [`Store::enforce_memory_budget`](crate::Store::enforce_memory_budget)
-    /// does it at once. HEAD and the working state stay raw, so the budget can be
-    /// exceeded by them (and by what no codec saves): it is a target, not a hard limit.
+    /// export, save) decodes what it reads. A revert to HEAD never waits for encoding,
+    /// and a commit (a `keep`) waits only when commits ran ahead of the encoder: while a
+    /// pass runs and the raw bytes held (HEAD and the working state included) are past
+    /// twice the budget, the commit waits for that pass and starts the next (without
+    /// this, commits faster than the encoder let raw versions pile up without bound).
+    /// [`Store::enforce_memory_budget`](crate::Store::enforce_memory_budget) encodes at
+    /// once. HEAD and the working state stay raw, so the budget can be exceeded by them
+    /// (and by what no codec saves): it is a target, not a hard limit.
     /// Of the raw buffers an encoding frees, the buffer pool (see `recycle_bytes`) keeps
     /// as many as the working state has chunks, so the next dense commit copies into
     /// memory that is already mapped: the store holds about the budget plus one working
