@@ -230,3 +230,30 @@ fn a_damaged_base_is_an_error_naming_its_pack_never_other_bytes() {
         );
     }
 }
+
+#[test]
+fn save_stats_and_stats_report_raw_and_stored_chunk_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let steps = dense_steps(13, 1);
+    let mut s = Store::open_with(dir.path(), config()).unwrap();
+    s.insert("w", &steps[0]).unwrap();
+    s.commit("step 0").unwrap();
+    let first = s.save().unwrap();
+    assert_eq!(first.chunk_bytes_raw, (ELEMS * 4) as u64);
+    assert!(first.chunk_bytes_stored <= first.chunk_bytes_raw);
+    s.write("w", &steps[1]).unwrap();
+    s.commit("step 1").unwrap();
+    let second = s.save().unwrap();
+    assert_eq!(second.chunk_bytes_raw, (ELEMS * 4) as u64);
+    assert!(
+        second.chunk_bytes_stored * 3 < second.chunk_bytes_raw * 2,
+        "{second:?}"
+    );
+    // The packs hold those bytes plus alignment, footers and headers.
+    let stored = first.chunk_bytes_stored + second.chunk_bytes_stored;
+    assert!(pack_bytes(dir.path()) >= stored);
+    let r = Store::open_with(dir.path(), config()).unwrap();
+    let st = r.stats();
+    assert_eq!(st.stored_bytes, 2 * ELEMS * 4);
+    assert_eq!(st.stored_pack_bytes as u64, stored);
+}

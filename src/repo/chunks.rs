@@ -422,3 +422,12 @@ impl ChunkSource for RepoChunks {
         }
     }
 }
+
+/// Bytes stored chunk `c` takes in its repository's pack (`None` if it is no stored
+/// chunk of a repository, or no index lists it). O(1).
+pub(crate) fn stored_len_of(c: &Chunk) -> Option<usize> {
+    let source: &dyn std::any::Any = c.source()?.as_ref();
+    let repo = source.downcast_ref::<RepoChunks>()?;
+    let loc = repo.locate(&c.cached_hash()?)?;
+    usize::try_from(loc.span.stored_len()).ok()
+}

@@ -12,18 +12,18 @@
 //! last 32 bytes      BLAKE3(header[..10] ‖ footer ‖ F and n) = the pack's id
 //! ```
 //!
-//! # The stored-chunk seam
+//! # Stored forms
 //!
 //! A chunk's raw bytes (what its id, the BLAKE3 of those bytes, names) become the bytes a
-//! pack stores in one function, [`store_chunk`] (raw bytes → stored bytes + the
-//! [`PackEntry`] describing them), and stored bytes become raw bytes again in one,
-//! [`load_chunk`] (entry + stored bytes → raw bytes, checked against the id). What an
-//! entry records of a stored chunk is the [`Span`], written in pack footers and index
-//! files alike; its wire reader for the index fast path is
-//! [`PackEntry::read_wire`]. A chunk codec, encryption or any other stored form changes
-//! these (this file) and the format version (`FORMAT_VERSION` in `format/envelope.rs`),
-//! nothing else: save, open, gc and repack handle spans opaquely and ask
-//! [`Span::raw_len`] for a chunk's length in its tensor. A different pack size is
+//! pack stores in one function, [`store_chunks`] (raw in format 1; raw, byte planes or
+//! an XOR delta against a base in format 2, chosen by the codec), and the stored bytes
+//! are read by [`read_stored`] (bounded by what the entry's [`Form`] allows) and, for
+//! raw chunks, checked by [`check_raw`]; coded chunks are decoded with their chain by
+//! the chunk source (`chunks.rs`). What an entry records of a stored chunk is the
+//! [`Span`], written in pack footers and index files alike ([`entries_wire`]; the wire
+//! reader for the index fast path is [`PackEntry::read_wire`]). Save, open, gc and
+//! repack ask [`Span::raw_len`] for a chunk's length in its tensor and
+//! [`Span::base`] for the base a delta needs. A different pack size is
 //! [`PACK_TARGET_BYTES`].
 
 use std::borrow::Cow;

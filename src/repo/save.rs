@@ -45,6 +45,12 @@ pub struct SaveStats {
     pub refs_written: usize,
     /// Bytes of every object written.
     pub bytes_written: u64,
+    /// Raw bytes of the chunks written into new packs (their length in their tensors).
+    pub chunk_bytes_raw: u64,
+    /// Bytes those chunks take in the packs (coded: byte planes or deltas; see
+    /// `docs/FORMAT.md`, "Stored forms"), without alignment padding. At most
+    /// `chunk_bytes_raw`.
+    pub chunk_bytes_stored: u64,
 }
 
 /// A tensor's manifest object and its id. Refuses a layout the manifest reader refuses
@@ -660,6 +666,10 @@ fn write_objects(
         }
         stats.packs_written += 1;
         stats.chunks_written += pack.entries.len();
+        for e in &pack.entries {
+            stats.chunk_bytes_raw += e.span.raw_len();
+            stats.chunk_bytes_stored += e.span.stored_len();
+        }
         stats.bytes_written += pack.size;
         index.packs.push(IndexPack {
             pack: pack.id.0,
