@@ -50,6 +50,11 @@ pub struct Stats {
     /// Of `unique_bytes`, the bytes of chunks that live in a repository (mapped or
     /// fetched when read, not on the heap).
     pub stored_bytes: usize,
+    /// Bytes the chunks of `stored_bytes` take in the repository's packs (coded: byte
+    /// planes or XOR deltas; raw chunks count their raw bytes). `stored_bytes /
+    /// stored_pack_bytes` is what the repository's encoding saves on those chunks.
+    /// Bases of deltas that no held version uses are not counted.
+    pub stored_pack_bytes: usize,
 }
 
 impl Store {
@@ -121,6 +126,11 @@ impl Store {
                 .iter()
                 .filter(|c| c.is_stored())
                 .map(|c| c.len_bytes())
+                .sum(),
+            stored_pack_bytes: unique
+                .iter()
+                .filter(|c| c.is_stored())
+                .map(|c| crate::repo::stored_len_of(c).unwrap_or(c.len_bytes()))
                 .sum(),
         }
     }

@@ -1,7 +1,9 @@
-//! The objects of format version 1 this build writes are byte for byte the ones every
-//! earlier build wrote: packs, index files and manifests of a fixed history are pinned
-//! here by the BLAKE3 of their bytes (version objects hold the commit time and the
-//! repository's config a random id, so they are not pinned).
+//! The objects of format version 2 this build writes are byte for byte the ones
+//! every earlier build of that version wrote: packs, index files and manifests of a
+//! fixed history are pinned here by the BLAKE3 of their bytes (version objects hold the
+//! commit time and the repository's config a random id, so they are not pinned).
+//! Manifests are the same as in format 1 (their envelope stays version 1, so versions
+//! keep their content addresses); `repo_format1_fixture` keeps a format-1 repository.
 
 mod common;
 
@@ -10,7 +12,7 @@ use std::sync::Arc;
 use tensor_history::{Backend, MemoryBackend};
 
 #[test]
-fn packs_indexes_and_manifests_are_written_byte_for_byte_as_format_1_specifies() {
+fn packs_indexes_and_manifests_are_written_byte_for_byte_as_format_2_specifies() {
     let (mut store, _, _) = common::init_and_double();
     let backend = Arc::new(MemoryBackend::new());
     store.save_to(backend.clone()).unwrap();
@@ -24,8 +26,8 @@ fn packs_indexes_and_manifests_are_written_byte_for_byte_as_format_1_specifies()
     found.sort();
     let want: &[(&str, &str)] = &[
         (
-            "index/7019c4b36849c7e37807e449c8579c570460d8091b8022e7dc069040fda1ef66.thidx",
-            "bd9dfd181b504d6790f09af44d3d178883b28d8fe14e220bc9f1828bfe032dad",
+            "index/f1545f4e9ebdfe88f521a3e2d6bb4bea06460777ed52c4dc096504dfd09296e4.thidx",
+            "2512e45ed671725655d1dbb7f9199d19ea2e231ba18c7fc896404e0e5e601760",
         ),
         (
             "manifests/78/78cfaaf5550964d7a33143d37919ed3a6dfad6dca6f61dd237957f09c72ec160.thman",
@@ -40,8 +42,8 @@ fn packs_indexes_and_manifests_are_written_byte_for_byte_as_format_1_specifies()
             "6c436d95fedfcbefc7115688b2d2cbfecbcc25bea81831eb5e0b3bb55b1f3564",
         ),
         (
-            "packs/47/47e2c178d8cd3f7aab088881191e8d8fa94df46a8820d062c06b89783f215329.thpack",
-            "81ecac0841f21ed255f21a88662a994cd626c8e2ad1a21829219d8e3e95170ce",
+            "packs/a0/a05b696daaa6e73ea501d0a7f76293b187352b66c104f15fff70de1919b6f77c.thpack",
+            "66a6c925c4db6d2556f5455aaf9498ccb42537ef9e341200dcb746eaac3fe0c7",
         ),
     ];
     let found: Vec<(&str, &str)> = found

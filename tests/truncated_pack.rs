@@ -25,9 +25,23 @@ fn config() -> Config {
     }
 }
 
-/// `n` f32 values starting at `start`.
+/// `n` f32 values of pseudo-random bits (no NaN) seeded by `start`: incompressible, so
+/// a pack stores them raw and map mode reads them in place.
 fn values(start: f32, n: usize) -> ArrayD<f32> {
-    ArrayD::from_shape_vec(IxDyn(&[n]), (0..n).map(|i| start + i as f32).collect()).unwrap()
+    let mut x = u64::from(start.to_bits()) ^ 0x9E37_79B9_7F4A_7C15;
+    let v = (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let mut r = (x >> 16) as u32;
+            if (r >> 23) & 0xff == 0xff {
+                r ^= 1 << 23;
+            }
+            f32::from_bits(r)
+        })
+        .collect();
+    ArrayD::from_shape_vec(IxDyn(&[n]), v).unwrap()
 }
 
 const ELEMS: usize = 4 * CHUNK_BYTES / 4;

@@ -296,6 +296,10 @@ pub(crate) fn stats(repo: &Repo, out: &Output) -> CliResult<()> {
     } else {
         full as f64 / disk as f64
     };
+    // The distinct chunks of every version: their raw bytes, and what the packs store
+    // of them (byte planes and deltas take less).
+    let held = s.stats();
+    let (chunks_raw, chunks_disk) = (held.stored_bytes as u64, held.stored_pack_bytes as u64);
     if out.json {
         return out.print_json(&json!({
             "versions": versions.len(),
@@ -305,6 +309,8 @@ pub(crate) fn stats(repo: &Repo, out: &Output) -> CliResult<()> {
             "head_bytes": head_bytes,
             "disk_bytes": disk,
             "full_checkpoint_bytes": full,
+            "chunk_bytes_raw": chunks_raw,
+            "chunk_bytes_on_disk": chunks_disk,
             "sharing_ratio": ratio,
         }));
     }
@@ -314,6 +320,8 @@ pub(crate) fn stats(repo: &Repo, out: &Output) -> CliResult<()> {
     table.row(vec!["tags".into(), tags.to_string()]);
     table.row(vec!["one checkpoint (HEAD)".into(), bytes(head_bytes)]);
     table.row(vec!["bytes on disk".into(), bytes(disk)]);
+    table.row(vec!["distinct chunks, raw".into(), bytes(chunks_raw)]);
+    table.row(vec!["distinct chunks, on disk".into(), bytes(chunks_disk)]);
     table.row(vec![
         format!("{} full checkpoints would take", versions.len()),
         bytes(full),

@@ -185,8 +185,15 @@ fn stats_compares_bytes_on_disk_with_full_checkpoints() {
     assert_eq!(disk, dir_bytes(&repo));
     let ratio = v["sharing_ratio"].as_f64().unwrap();
     assert!((ratio - full as f64 / disk as f64).abs() < 1e-9);
+    // The distinct chunks' raw bytes (each once), and what the packs store of them.
+    let raw = v["chunk_bytes_raw"].as_u64().unwrap();
+    let on_disk = v["chunk_bytes_on_disk"].as_u64().unwrap();
+    assert!(raw > 0 && raw <= full as u64, "{v}");
+    assert!(on_disk > 0 && on_disk <= disk, "{v}");
     let out = th(Some(&repo), &["stats"]).ok().stdout;
     assert!(out.contains("6 full checkpoints would take"), "{out}");
+    assert!(out.contains("distinct chunks, raw"), "{out}");
+    assert!(out.contains("distinct chunks, on disk"), "{out}");
 }
 
 #[test]

@@ -3,13 +3,17 @@
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
+use std::sync::atomic::{AtomicU16, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use super::backend::{is_not_found, Backend, Bytes};
-use super::format::{corrupt, encode, pack_key, IndexBody, Kind, CONFIG_KEY, INDEX_PREFIX};
+use super::format::{
+    corrupt, encode_index_in, pack_key, IndexBody, CONFIG_KEY, FORMAT_VERSION, INDEX_PREFIX,
+};
 use super::index::{read_index_files, IndexFile, IndexFiles};
-use super::pack::{self, Loc};
+use super::pack::{self, Form, Loc};
 use crate::chunk::{Chunk, ChunkSource, WeakChunk};
+use crate::codec;
 use crate::error::{Error, Result};
 use crate::hash::ContentHash;
 
@@ -78,7 +82,15 @@ pub(crate) struct RepoChunks {
     /// Stored chunks handed out, so that each is one shared handle; sharded by the
     /// first byte of the id so that tensors built in parallel rarely wait.
     stored: [Mutex<IdMap<WeakChunk>>; STORED_SHARDS],
+    /// The repository's format version (`config.json`): what packs and index files
+    /// this store writes there.
+    format: AtomicU16,
 }
+
+/// The longest delta chain a reader follows (links, the chunk's own included):
+/// writers cut chains at [`MAX_DELTA_CHAIN`](super::pack::MAX_DELTA_CHAIN) links; a
+/// longer chain is refused as damaged before anything past it is read.
+pub(crate) const MAX_READ_CHAIN: usize = 64;
 
 /// Shards of [`RepoChunks`]'s table of stored chunks.
 const STORED_SHARDS: usize = 16;
@@ -102,7 +114,28 @@ impl RepoChunks {
             bad_indexes: Mutex::new(Vec::new()),
             superseded: Mutex::new(HashSet::new()),
             stored: std::array::from_fn(|_| Mutex::new(IdMap::default())),
+            format: AtomicU16::new(FORMAT_VERSION),
         }
+    }
+
+    /// The repository's format version.
+    pub(crate) fn format(&self) -> u16 {
+        self.format.load(Ordering::Relaxed)
+    }
+
+    /// Set the repository's format version (read from its `config.json`).
+    pub(crate) fn set_format(&self, format: u16) {
+        self.format.store(format, Ordering::Relaxed);
+    }
+
+    /// The stored chunk handle of `id` if one is alive and its bytes are in memory.
+    fn resident(&self, id: &ContentHash) -> Option<Chunk> {
+        let shard = &self.stored[usize::from(id.0[0]) % STORED_SHARDS];
+        let cache = shard.lock().unwrap_or_else(|p| p.into_inner());
+        cache
+            .get(id)
+            .and_then(WeakChunk::upgrade)
+            .filter(|c| !c.is_unloaded())
     }
 
     /// The one shared handle of stored chunk `id` of `len` bytes.
@@ -196,7 +229,7 @@ impl RepoChunks {
     pub(crate) fn encode_index(&self, body: &mut IndexBody) -> (Vec<u8>, ContentHash) {
         let superseded = self.superseded.lock().unwrap_or_else(|p| p.into_inner());
         loop {
-            let (bytes, id) = encode(Kind::Index, &*body);
+            let (bytes, id) = encode_index_in(self.format(), body);
             if !superseded.contains(&id) {
                 return (bytes, id);
             }
@@ -286,7 +319,94 @@ impl RepoChunks {
                 ),
             ));
         }
-        pack::read_chunk(&*self.backend, id, &loc)
+        if loc.span.form == Form::Raw {
+            return pack::read_chunk(&*self.backend, id, &loc);
+        }
+        self.decode(id, loc, len)
+    }
+
+    /// The raw bytes of coded chunk `id` stored at `loc`: its chain of stored forms is
+    /// read (each link's entry checked before its read, at most [`MAX_READ_CHAIN`]
+    /// links, each of the chunk's raw length) down to a full chunk, a raw one, or a
+    /// base whose bytes a live handle holds; then decoded in one pass and checked
+    /// against `id` once. Allocates at most the links' stored bytes and one chunk.
+    /// When the decoded bytes are wrong, each link is decoded on its own to name the
+    /// pack at fault.
+    fn decode(&self, id: &ContentHash, loc: Loc, len: usize) -> Result<Bytes> {
+        let mut links: Vec<(ContentHash, Loc, Bytes)> = Vec::new();
+        let mut end: Option<Bytes> = None;
+        let mut held: Option<Chunk> = None;
+        let (mut cur, mut at) = (*id, loc);
+        loop {
+            let key = pack_key(&at.pack);
+            if at.span.raw_len() != len as u64 {
+                return Err(corrupt(
+                    &key,
+                    format!(
+                        "chunk {cur}, a link of chunk {id}'s delta chain, is {} bytes, the \
+                         chunk {len}",
+                        at.span.raw_len()
+                    ),
+                ));
+            }
+            let stored = pack::read_stored(&*self.backend, &cur, &at)?;
+            if at.span.form == Form::Raw {
+                end = Some(pack::check_raw(&key, &cur, &at.span, stored)?);
+                break;
+            }
+            links.push((cur, at, stored));
+            let Some(base) = at.span.base() else { break };
+            if let Some(c) = self.resident(&base) {
+                held = Some(c);
+                break;
+            }
+            if links.len() >= MAX_READ_CHAIN {
+                return Err(corrupt(
+                    &key,
+                    format!("chunk {id}'s delta chain is longer than {MAX_READ_CHAIN} links"),
+                ));
+            }
+            at = self
+                .locate(&base)
+                .ok_or_else(|| self.missing(&base, &format!("the delta chain of chunk {id}")))?;
+            cur = base;
+        }
+        let base: Option<&[u8]> = match (&end, &held) {
+            (Some(b), _) => Some(b),
+            (None, Some(c)) => Some(c.data()),
+            (None, None) => None,
+        };
+        let encoded: Vec<&[u8]> = links.iter().map(|l| &l.2[..]).collect();
+        match codec::decode_chain(&encoded, base, id, len) {
+            Ok(bytes) => Ok(bytes),
+            Err(e) => {
+                // Name the link at fault: decode from the chain's end, each link against
+                // its own id; the first that fails is damaged (or its entry is).
+                let mut below: Option<Bytes> = None;
+                for (i, (h, l, _)) in links.iter().enumerate().rev() {
+                    let b = below.as_deref().or(base);
+                    match codec::decode_chain(&encoded[i..=i], b, h, len) {
+                        Ok(bytes) => below = Some(bytes),
+                        Err(e) => {
+                            return Err(corrupt(
+                                &pack_key(&l.pack),
+                                format!(
+                                    "chunk {h} at offset {} does not decode: {e}",
+                                    l.span.offset
+                                ),
+                            ))
+                        }
+                    }
+                }
+                Err(corrupt(
+                    &pack_key(&loc.pack),
+                    format!(
+                        "chunk {id} at offset {} does not decode: {e}",
+                        loc.span.offset
+                    ),
+                ))
+            }
+        }
     }
 }
 
@@ -301,4 +421,13 @@ impl ChunkSource for RepoChunks {
             r => r,
         }
     }
+}
+
+/// Bytes stored chunk `c` takes in its repository's pack (`None` if it is no stored
+/// chunk of a repository, or no index lists it). O(1).
+pub(crate) fn stored_len_of(c: &Chunk) -> Option<usize> {
+    let source: &dyn std::any::Any = c.source()?.as_ref();
+    let repo = source.downcast_ref::<RepoChunks>()?;
+    let loc = repo.locate(&c.cached_hash()?)?;
+    usize::try_from(loc.span.stored_len()).ok()
 }

@@ -10,16 +10,16 @@ use serde::{Deserialize, Serialize};
 
 use super::backend::{is_not_found, Backend, ObjectInfo};
 use super::format::{
-    corrupt, encode, gc_key, id_of_key, index_key, manifest_key, pack_key, parse_gc, parse_json,
-    parse_manifest, parse_ref_key, parse_version, pruned_key, version_key, EntryKind, GcBody,
-    HeadJson, IndexBody, IndexPack, Kind, PrunedJson, GC_PREFIX, HEAD_KEY, INDEX_PREFIX,
-    MANIFESTS_PREFIX, PACKS_PREFIX, PRUNED_PREFIX, REFS_PREFIX, VERSIONS_PREFIX,
+    corrupt, encode, encode_index_in, gc_key, id_of_key, index_key, manifest_key, pack_key,
+    parse_gc, parse_json, parse_manifest, parse_ref_key, parse_version, pruned_key, version_key,
+    EntryKind, GcBody, HeadJson, IndexBody, IndexPack, Kind, PrunedJson, GC_PREFIX, HEAD_KEY,
+    INDEX_PREFIX, MANIFESTS_PREFIX, PACKS_PREFIX, PRUNED_PREFIX, REFS_PREFIX, VERSIONS_PREFIX,
 };
 use super::generation::{
     close_generation, now_ns, start_generation, trim_generations, DEFAULT_DELETE_WITHIN,
 };
 use super::index::read_index_files;
-use super::pack::{read_chunk, write_pack, Loc, Span, WrittenPack};
+use super::pack::{check_raw, read_stored, write_pack, Form, Loc, Span, Stored, WrittenPack};
 use super::refs;
 use super::RepoLink;
 use crate::error::{Error, Result};
@@ -293,10 +293,11 @@ fn gc_into(b: &mut RepoLink, options: &GcOptions, held: &[ContentHash]) -> Resul
 
     // List and mark.
     let objects = backend.list("")?;
-    let live = mark(backend, &objects, held)?;
+    let mut live = mark(backend, &objects, held)?;
+    let indexes = read_indexes(backend, &objects)?;
+    keep_bases(&mut live, &indexes);
     stats.versions_live = live.versions;
     stats.chunks_live = live.chunks.len();
-    let indexes = read_indexes(backend, &objects)?;
     let listed: Listed<'_> = objects.iter().map(|o| (o.key.as_str(), o)).collect();
 
     // Rewrite mostly-dead packs: new pack and index first, then the old pack is garbage.
@@ -368,6 +369,36 @@ fn gc_into(b: &mut RepoLink, options: &GcOptions, held: &[ContentHash]) -> Resul
     result.map(|()| stats)
 }
 
+/// Mark every chunk that a live chunk's delta chain needs, transitively: the bases any
+/// index entry of a live chunk names (a chunk stored in two packs in two forms keeps
+/// the bases of both). O(index entries).
+fn keep_bases(live: &mut Live, indexes: &[(String, IndexBody)]) {
+    let mut bases: HashMap<ContentHash, Vec<ContentHash>> = HashMap::new();
+    for (_, body) in indexes {
+        for e in body.packs.iter().flat_map(|p| &p.chunks) {
+            if let Some(base) = e.span.base() {
+                bases.entry(ContentHash(e.id)).or_default().push(base);
+            }
+        }
+    }
+    if bases.is_empty() {
+        return;
+    }
+    let mut todo: Vec<ContentHash> = live
+        .chunks
+        .iter()
+        .filter(|h| bases.contains_key(h))
+        .copied()
+        .collect();
+    while let Some(h) = todo.pop() {
+        for base in bases.get(&h).into_iter().flatten() {
+            if live.chunks.insert(*base) {
+                todo.push(*base);
+            }
+        }
+    }
+}
+
 /// Which pack serves each live chunk; every listed pack's chunks.
 fn serving_packs(indexes: &[(String, IndexBody)], listed: &Listed<'_>, live: &Live) -> Packs {
     let mut packs = Packs {
@@ -424,20 +455,35 @@ fn repack(
     let mut index = IndexBody::default();
     let mut moved = Vec::new();
     for (pack, chunks) in rewrite {
+        // Chunks move in their stored forms: a delta stays a delta against the same
+        // base (which the mark keeps live), a raw chunk is checked against its id.
         let mut data = Vec::with_capacity(chunks.len());
         for (id, span) in chunks {
             let loc = Loc {
                 pack: *pack,
                 span: *span,
             };
-            data.push((*id, read_chunk(backend, id, &loc)?));
+            let stored = read_stored(backend, id, &loc)?;
+            let stored = match span.form {
+                Form::Raw => check_raw(&pack_key(pack), id, span, stored)?,
+                _ => stored,
+            };
+            data.push((*id, *span, stored));
         }
-        let raw: Vec<(ContentHash, &[u8])> = data.iter().map(|(h, d)| (*h, &d[..])).collect();
+        let moving: Vec<Stored<'_>> = data
+            .iter()
+            .map(|(h, span, d)| Stored {
+                id: *h,
+                bytes: std::borrow::Cow::Borrowed(&d[..]),
+                raw_len: span.raw_len,
+                form: span.form,
+            })
+            .collect();
         let WrittenPack {
             id: new_pack,
             entries,
             ..
-        } = write_pack(backend, &raw)?;
+        } = write_pack(backend, b.chunks.format(), &moving)?;
         for e in &entries {
             moved.push((
                 ContentHash(e.id),
@@ -693,7 +739,7 @@ fn delete(
         return Ok(false);
     }
     if !old_indexes.is_empty() {
-        let (bytes, id) = encode(Kind::Index, replacement);
+        let (bytes, id) = encode_index_in(b.chunks.format(), replacement);
         backend.put(&index_key(&id), &bytes)?;
         backend.barrier()?;
         b.chunks.note_index(Some(id));

@@ -113,6 +113,26 @@ impl RepoLink {
         })
     }
 
+    /// The links of the delta chain of chunk `id` in the repository (1 for a chunk
+    /// stored whole), if a save may use the chunk as it is: it is in the index, and
+    /// neither it nor any chunk its chain needs is in a pack a gc record lists (those
+    /// may be deleted: the chunk is written again instead, and a delta is not taken
+    /// against it). O(links) index lookups, at most
+    /// [`MAX_READ_CHAIN`](super::chunks::MAX_READ_CHAIN).
+    pub(crate) fn chain_links(&self, id: &ContentHash) -> Option<usize> {
+        let mut cur = *id;
+        for n in 1..=super::chunks::MAX_READ_CHAIN {
+            if self.gc_candidates.contains(&cur) {
+                return None;
+            }
+            match self.chunks.locate(&cur)?.span.base() {
+                Some(base) => cur = base,
+                None => return Some(n),
+            }
+        }
+        None
+    }
+
     /// The one shared handle of stored chunk `id` of `len` bytes.
     pub(crate) fn stored_chunk(&self, id: ContentHash, len: usize) -> Chunk {
         self.chunks.stored_chunk(id, len)

@@ -43,7 +43,7 @@ mod save;
 pub use backend::open_location;
 pub(crate) use background::Background;
 pub use background::PendingSave;
-pub(crate) use chunks::RepoChunks;
+pub(crate) use chunks::{stored_len_of, RepoChunks};
 pub use gc::{GcOptions, GcStats, DEFAULT_GC_GRACE};
 pub use generation::DEFAULT_DELETE_WITHIN;
 pub(crate) use link::{resolve_prefix, RepoLink};

@@ -14,7 +14,7 @@ use super::backend::{is_not_found, Backend, PutOutcome};
 use super::format::{
     corrupt, id_of_key, manifest_key, must_get, parse_json, parse_manifest, parse_version, ref_key,
     to_json, version_key, ConfigJson, EntryKind, HeadJson, Manifest, PrunedJson, RefEntry,
-    VersionBody, CONFIG_KEY, FORMAT_NAME, FORMAT_VERSION, HEAD_KEY, MANIFESTS_PREFIX,
+    VersionBody, CONFIG_KEY, FORMAT_NAME, FORMAT_V1, FORMAT_VERSION, HEAD_KEY, MANIFESTS_PREFIX,
     PRUNED_PREFIX, VERSIONS_PREFIX,
 };
 use super::generation::GcView;
@@ -84,13 +84,17 @@ impl RepoLink {
                 path: CONFIG_KEY.into(),
                 found: "a config.json that is not a tensor-history config".into(),
             })?;
-        if config.format != FORMAT_NAME || config.version != u64::from(FORMAT_VERSION) {
+        let format = u16::try_from(config.version)
+            .ok()
+            .filter(|v| (FORMAT_V1..=FORMAT_VERSION).contains(v));
+        let Some(format) = format.filter(|_| config.format == FORMAT_NAME) else {
             return Err(Error::UnsupportedFormat {
                 path: CONFIG_KEY.into(),
                 found: format!("format `{}` version {}", config.format, config.version),
             });
-        }
+        };
         let mut b = RepoLink::new(backend);
+        b.chunks.set_format(format);
         b.config = config_bytes;
         b.refs_seen = refs::read_all(&*b.backend)?;
         b.head_seen = match b.backend.get(HEAD_KEY) {

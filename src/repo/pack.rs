@@ -12,18 +12,18 @@
 //! last 32 bytes      BLAKE3(header[..10] ‖ footer ‖ F and n) = the pack's id
 //! ```
 //!
-//! # The stored-chunk seam
+//! # Stored forms
 //!
 //! A chunk's raw bytes (what its id, the BLAKE3 of those bytes, names) become the bytes a
-//! pack stores in one function, [`store_chunk`] (raw bytes → stored bytes + the
-//! [`PackEntry`] describing them), and stored bytes become raw bytes again in one,
-//! [`load_chunk`] (entry + stored bytes → raw bytes, checked against the id). What an
-//! entry records of a stored chunk is the [`Span`], written in pack footers and index
-//! files alike; its wire reader for the index fast path is
-//! [`PackEntry::read_wire`]. A chunk codec, encryption or any other stored form changes
-//! these (this file) and the format version (`FORMAT_VERSION` in `format/envelope.rs`),
-//! nothing else: save, open, gc and repack handle spans opaquely and ask
-//! [`Span::raw_len`] for a chunk's length in its tensor. A different pack size is
+//! pack stores in one function, [`store_chunks`] (raw in format 1; raw, byte planes or
+//! an XOR delta against a base in format 2, chosen by the codec), and the stored bytes
+//! are read by [`read_stored`] (bounded by what the entry's [`Form`] allows) and, for
+//! raw chunks, checked by [`check_raw`]; coded chunks are decoded with their chain by
+//! the chunk source (`chunks.rs`). What an entry records of a stored chunk is the
+//! [`Span`], written in pack footers and index files alike ([`entries_wire`]; the wire
+//! reader for the index fast path is [`PackEntry::read_wire`]). Save, open, gc and
+//! repack ask [`Span::raw_len`] for a chunk's length in its tensor and
+//! [`Span::base`] for the base a delta needs. A different pack size is
 //! [`PACK_TARGET_BYTES`].
 
 use std::borrow::Cow;
@@ -33,11 +33,12 @@ use serde::{Deserialize, Serialize};
 
 use super::backend::{Backend, Bytes};
 use super::format::{
-    check_header, corrupt, header, id_of_key, pack_key, Kind, RawHash, Wire, HEADER_LEN,
-    PACKS_PREFIX, TRAILER_LEN,
+    check_header, corrupt, header_in, id_of_key, pack_key, Kind, RawHash, Wire, FORMAT_V1,
+    HEADER_LEN, PACKS_PREFIX, TRAILER_LEN,
 };
 use crate::buffer::AlignedBuf;
 use crate::chunk::Chunk;
+use crate::codec::{encode_all, EncodeJob, Method};
 use crate::error::{Error, Result};
 use crate::hash::ContentHash;
 
@@ -47,24 +48,59 @@ pub(crate) const PACK_ALIGN: usize = 64;
 /// Packs are cut at about this size.
 pub(crate) const PACK_TARGET_BYTES: usize = 32 << 20;
 
+/// Writers store a chunk as an XOR delta only when its chain (the chunk, its base, the
+/// base's base, ... down to a full chunk) has at most this many links: a full chunk
+/// at least every 8 versions of a tensor. Reading a chunk decodes its whole chain
+/// (measured on 256 KiB f32 chunks: 0.44 ms at depth 0, 1.6 ms at depth 8, one
+/// thread), so 8 keeps a read within about 4 full decodes while the full chunk's
+/// bytes are shared by 8 versions (a dense step's delta stores about a third of the
+/// full chunk, see `benches/README.md`).
+pub(crate) const MAX_DELTA_CHAIN: usize = 8;
+
 /// Bytes after a pack's footer: footer offset, footer length (u64 LE each), trailer.
 pub(crate) const PACK_TAIL_LEN: usize = 16 + TRAILER_LEN;
 
-/// What an entry records of one stored chunk: where its stored bytes are in its pack.
-/// Raw and stored bytes are the same today (see the module docs for the seam a codec
-/// takes).
+/// How a chunk's bytes are stored in its pack (format version 2; every chunk of a
+/// version-1 pack is [`Form::Raw`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) enum Form {
+    /// The raw bytes, as they are: mapped packs serve them in place.
+    Raw,
+    /// The chunk's encoded form (`codec.rs`): byte planes, zstd-coded.
+    Planes,
+    /// The chunk's encoded form: an XOR delta against the chunk of this id (of the same
+    /// raw length), byte planes, zstd-coded.
+    Delta(RawHash),
+}
+
+/// What an entry records of one stored chunk: where its stored bytes are in its pack,
+/// how long the chunk is, and how it is stored.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct Span {
     /// Offset of the stored bytes in the pack (a multiple of [`PACK_ALIGN`]).
     pub(crate) offset: u64,
     /// Length of the stored bytes.
     pub(crate) len: u64,
+    /// Length of the chunk's raw bytes (equal to `len` for [`Form::Raw`]).
+    pub(crate) raw_len: u64,
+    /// How the bytes are stored.
+    pub(crate) form: Form,
 }
 
 impl Span {
+    /// A raw chunk of `len` bytes at `offset`.
+    pub(crate) fn raw(offset: u64, len: u64) -> Span {
+        Span {
+            offset,
+            len,
+            raw_len: len,
+            form: Form::Raw,
+        }
+    }
+
     /// Bytes of the chunk in its tensor (its raw bytes).
     pub(crate) fn raw_len(&self) -> u64 {
-        self.len
+        self.raw_len
     }
 
     /// Bytes the chunk takes in its pack.
@@ -72,35 +108,148 @@ impl Span {
         self.len
     }
 
+    /// The base of a delta.
+    pub(crate) fn base(&self) -> Option<ContentHash> {
+        match self.form {
+            Form::Delta(b) => Some(ContentHash(b)),
+            _ => None,
+        }
+    }
+
     /// The byte range of the stored bytes in the pack, if it does not overflow.
     fn range(&self) -> Option<std::ops::Range<u64>> {
         Some(self.offset..self.offset.checked_add(self.len)?)
     }
+
+    /// Whether the stored length fits the form: a raw chunk stores exactly its raw
+    /// bytes, a coded one at most its raw length plus the codec's largest header (a
+    /// writer stores a chunk coded only when that saves bytes). Checked when an entry
+    /// is read, so that no read is sized by a length that no writer writes.
+    fn plausible(&self, id: &RawHash) -> bool {
+        match self.form {
+            Form::Raw => self.len == self.raw_len,
+            Form::Planes | Form::Delta(_) => {
+                self.raw_len > 0
+                    && self.len <= self.raw_len.saturating_add(MAX_CODED_OVERHEAD)
+                    && self.form != Form::Delta(*id)
+            }
+        }
+    }
 }
 
-/// One chunk in a pack footer or an index file: its id and its span. Encoded as the id's
-/// 32 bytes followed by the span's fields (postcard writes nested structs field after
-/// field, so this is the flat `{ id, offset, len }` of `docs/FORMAT.md`).
+/// Bytes a coded chunk's header may add to its raw length: the codec's delta header and
+/// a plane table of 8 planes.
+const MAX_CODED_OVERHEAD: u64 = (crate::codec::DELTA_HEADER_LEN + 4 * 8) as u64;
+
+/// One chunk in a pack footer or an index file: its id and its span. Format 2 encodes
+/// it as the id's 32 bytes followed by the span's fields (`offset`, `len`, `raw_len`
+/// varints, then the form: a varint 0 raw, 1 planes, 2 delta followed by the base's 32
+/// bytes), the postcard encoding of this struct; format 1 as `{ id, offset, len }`
+/// ([`EntryV1`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct PackEntry {
     pub(crate) id: RawHash,
     pub(crate) span: Span,
 }
 
+/// A pack entry of format version 1: a raw chunk.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct EntryV1 {
+    id: RawHash,
+    offset: u64,
+    len: u64,
+}
+
+impl From<EntryV1> for PackEntry {
+    fn from(e: EntryV1) -> PackEntry {
+        PackEntry {
+            id: e.id,
+            span: Span::raw(e.offset, e.len),
+        }
+    }
+}
+
 impl PackEntry {
     /// Fewest bytes an entry takes on the wire (for bounding sequence lengths).
     pub(crate) const MIN_WIRE_LEN: usize = 32 + 2;
 
-    /// Read one entry as postcard encodes it (`None` for anything it does not accept:
-    /// the caller then asks postcard).
-    pub(crate) fn read_wire(w: &mut Wire<'_>) -> Option<PackEntry> {
+    /// The format-1 form of this entry (a raw chunk), for the writers of version-1
+    /// repositories, which store every chunk raw.
+    pub(crate) fn v1(&self) -> EntryV1 {
+        debug_assert_eq!(self.span.form, Form::Raw);
+        EntryV1 {
+            id: self.id,
+            offset: self.span.offset,
+            len: self.span.len,
+        }
+    }
+
+    /// Read one entry of format `version` as postcard encodes it (`None` for anything
+    /// it does not accept: the caller then asks postcard).
+    pub(crate) fn read_wire(w: &mut Wire<'_>, version: u16) -> Option<PackEntry> {
+        let id = w.hash()?;
+        let offset = w.varint()?;
+        let len = w.varint()?;
+        if version == FORMAT_V1 {
+            return Some(PackEntry {
+                id,
+                span: Span::raw(offset, len),
+            });
+        }
+        let raw_len = w.varint()?;
+        let form = match w.varint()? {
+            0 => Form::Raw,
+            1 => Form::Planes,
+            2 => Form::Delta(w.hash()?),
+            _ => return None,
+        };
         Some(PackEntry {
-            id: w.hash()?,
+            id,
             span: Span {
-                offset: w.varint()?,
-                len: w.varint()?,
+                offset,
+                len,
+                raw_len,
+                form,
             },
         })
+    }
+
+    /// Whether the entry's lengths fit its form (see [`Span`]): entries that do not are
+    /// refused where they are read (pack footers, index files).
+    pub(crate) fn plausible(&self) -> bool {
+        self.span.plausible(&self.id)
+    }
+}
+
+/// The entries of a footer or index pack of format `version`, encoded.
+pub(crate) fn entries_wire(entries: &[PackEntry], version: u16) -> Vec<u8> {
+    // Serializing plain data structures to a Vec cannot fail.
+    if version == FORMAT_V1 {
+        let v1: Vec<EntryV1> = entries.iter().map(PackEntry::v1).collect();
+        postcard::to_stdvec(&v1).unwrap_or_default()
+    } else {
+        postcard::to_stdvec(entries).unwrap_or_default()
+    }
+}
+
+/// Parse a footer's entries of format `version` (the direct reader, then postcard);
+/// the rest of the bytes.
+fn take_entries(bytes: &[u8], version: u16) -> Option<(Vec<PackEntry>, &[u8])> {
+    let mut w = Wire(bytes);
+    let fast = (|| {
+        let n = w.len(PackEntry::MIN_WIRE_LEN)?;
+        (0..n)
+            .map(|_| PackEntry::read_wire(&mut w, version))
+            .collect::<Option<Vec<_>>>()
+    })();
+    if let Some(e) = fast {
+        return Some((e, w.0));
+    }
+    if version == FORMAT_V1 {
+        let (e, rest) = postcard::take_from_bytes::<Vec<EntryV1>>(bytes).ok()?;
+        Some((e.into_iter().map(PackEntry::from).collect(), rest))
+    } else {
+        postcard::take_from_bytes::<Vec<PackEntry>>(bytes).ok()
     }
 }
 
@@ -120,26 +269,119 @@ pub(crate) struct WrittenPack {
     pub(crate) size: u64,
 }
 
-/// The stored form of chunk `id` whose raw bytes are `raw`, to be written at `offset`
-/// of a pack, and the entry that describes it. The one way into a pack (see the module
-/// docs).
-fn store_chunk<'a>(id: &ContentHash, raw: &'a [u8], offset: u64) -> (Cow<'a, [u8]>, PackEntry) {
-    let entry = PackEntry {
-        id: id.0,
-        span: Span {
-            offset,
-            len: raw.len() as u64,
-        },
-    };
-    (Cow::Borrowed(raw), entry)
+/// A chunk to write into a pack: its id, raw bytes, element width, and the base a
+/// delta may be taken against (its id and raw bytes, of the same length).
+#[derive(Clone, Copy)]
+pub(crate) struct NewChunk<'a> {
+    pub(crate) id: ContentHash,
+    pub(crate) chunk: &'a Chunk,
+    pub(crate) width: usize,
+    pub(crate) base: Option<(ContentHash, &'a Chunk)>,
 }
 
-/// The raw bytes of chunk `id` from its stored bytes `stored` (read from `span` of
-/// pack `key`), checked against the id. The one way out of a pack (see the module docs).
-fn load_chunk(key: &str, id: &ContentHash, span: &Span, stored: Bytes) -> Result<Bytes> {
-    if stored.len() as u64 != span.stored_len() {
-        return Err(corrupt(key, format!("chunk {id}: short read")));
+/// A chunk in the form a pack stores it, ready to write.
+pub(crate) struct Stored<'a> {
+    pub(crate) id: ContentHash,
+    pub(crate) bytes: Cow<'a, [u8]>,
+    pub(crate) raw_len: u64,
+    pub(crate) form: Form,
+}
+
+impl Stored<'_> {
+    /// A chunk stored raw.
+    pub(crate) fn raw(id: ContentHash, raw: &[u8]) -> Stored<'_> {
+        Stored {
+            id,
+            bytes: Cow::Borrowed(raw),
+            raw_len: raw.len() as u64,
+            form: Form::Raw,
+        }
     }
+}
+
+/// A chunk to encode: its id, raw bytes, element width, and a base (id and raw bytes).
+pub(crate) type ToEncode<'a> = (
+    ContentHash,
+    &'a [u8],
+    usize,
+    Option<(ContentHash, &'a [u8])>,
+);
+
+/// The stored forms of chunks (id, raw bytes, element width, base) in a repository of
+/// format `format`: raw in format 1; in format 2 encoded in parallel by
+/// [`codec::encode_all`](crate::codec::encode_all), which keeps a coded form (planes,
+/// or an XOR delta against the base) only when it saves at least
+/// 1/[`MIN_SAVING_DIVISOR`](crate::codec::MIN_SAVING_DIVISOR) of the chunk. The one way
+/// into a pack (see the module docs). O(total bytes / threads).
+pub(crate) fn store_chunks<'a>(format: u16, chunks: &[ToEncode<'a>]) -> Vec<Stored<'a>> {
+    if format == FORMAT_V1 {
+        return chunks.iter().map(|c| Stored::raw(c.0, c.1)).collect();
+    }
+    let jobs: Vec<EncodeJob<'_>> = chunks
+        .iter()
+        .map(|(_, raw, width, base)| EncodeJob {
+            raw,
+            width: *width,
+            base: base.as_ref().map(|(h, b)| (h, *b)),
+        })
+        .collect();
+    let encoded = encode_all(&jobs);
+    chunks
+        .iter()
+        .zip(encoded)
+        .map(|(c, e)| match (e.method(), e.base()) {
+            (Method::Planes, _) => Stored {
+                id: c.0,
+                raw_len: c.1.len() as u64,
+                bytes: Cow::Owned(e.into_bytes()),
+                form: Form::Planes,
+            },
+            (Method::XorPlanes, Some(base)) => Stored {
+                id: c.0,
+                raw_len: c.1.len() as u64,
+                bytes: Cow::Owned(e.into_bytes()),
+                form: Form::Delta(base.0),
+            },
+            _ => Stored::raw(c.0, c.1),
+        })
+        .collect()
+}
+
+/// The bytes of chunk `id` as its pack stores them (one ranged read of `loc`), bounded
+/// before the read by what the entry's form allows.
+///
+/// # Errors
+///
+/// [`Error::Io`]; [`Error::CorruptObject`] naming the pack for an implausible entry or
+/// a pack too short for the chunk.
+pub(crate) fn read_stored(backend: &dyn Backend, id: &ContentHash, loc: &Loc) -> Result<Bytes> {
+    let key = pack_key(&loc.pack);
+    if !loc.span.plausible(&id.0) {
+        return Err(corrupt(
+            &key,
+            format!("chunk {id}: entry's lengths do not fit its stored form"),
+        ));
+    }
+    let range = loc
+        .span
+        .range()
+        .ok_or_else(|| corrupt(&key, "chunk offset overflows"))?;
+    let stored = backend.get_range(&key, range).map_err(|e| match e {
+        Error::Io {
+            kind: std::io::ErrorKind::UnexpectedEof,
+            ..
+        } => corrupt(&key, format!("pack too short for chunk {id} (truncated)")),
+        e => e,
+    })?;
+    if stored.len() as u64 != loc.span.stored_len() {
+        return Err(corrupt(&key, format!("chunk {id}: short read")));
+    }
+    Ok(stored)
+}
+
+/// The raw bytes of raw-stored chunk `id` read from `stored` (read from `span` of pack
+/// `key`), checked against the id.
+pub(crate) fn check_raw(key: &str, id: &ContentHash, span: &Span, stored: Bytes) -> Result<Bytes> {
     // Chunk data is viewed as `&[T]`: a buffer not on an 8-byte boundary is copied to one.
     let raw = if (stored.as_ptr() as usize).is_multiple_of(8) {
         stored
@@ -158,78 +400,80 @@ fn load_chunk(key: &str, id: &ContentHash, span: &Span, stored: Bytes) -> Result
     Ok(raw)
 }
 
-/// Read chunk `id` from where `loc` says it is (one ranged read) and check it.
+/// Read raw-stored chunk `id` from where `loc` says it is (one ranged read) and check
+/// it. A coded chunk needs its chain: the chunk source decodes those
+/// (`RepoChunks::load`).
 ///
 /// # Errors
 ///
 /// [`Error::Io`]; [`Error::CorruptObject`] naming the pack for a pack too short for the
-/// chunk or bytes that do not match the chunk's hash.
+/// chunk, bytes that do not match the chunk's hash, or a chunk that is not stored raw.
 pub(crate) fn read_chunk(backend: &dyn Backend, id: &ContentHash, loc: &Loc) -> Result<Bytes> {
     let key = pack_key(&loc.pack);
-    let range = loc
-        .span
-        .range()
-        .ok_or_else(|| corrupt(&key, "chunk offset overflows"))?;
-    let stored = backend.get_range(&key, range).map_err(|e| match e {
-        Error::Io {
-            kind: std::io::ErrorKind::UnexpectedEof,
-            ..
-        } => corrupt(&key, format!("pack too short for chunk {id} (truncated)")),
-        e => e,
-    })?;
-    load_chunk(&key, id, &loc.span, stored)
+    if loc.span.form != Form::Raw {
+        return Err(corrupt(&key, format!("chunk {id} is not stored raw")));
+    }
+    let stored = read_stored(backend, id, loc)?;
+    check_raw(&key, id, &loc.span, stored)
 }
 
 /// A pack's fixed header: the object header padded with zeros to [`PACK_ALIGN`].
-fn pack_header() -> [u8; PACK_ALIGN] {
+fn pack_header(format: u16) -> [u8; PACK_ALIGN] {
     let mut h = [0u8; PACK_ALIGN];
-    h[..HEADER_LEN].copy_from_slice(&header(Kind::Pack));
+    h[..HEADER_LEN].copy_from_slice(&header_in(Kind::Pack, format));
     h
 }
 
 /// The footer, offsets and trailer that end a pack whose chunks are `entries`, and the
 /// pack's id (the trailer: BLAKE3 of the header, footer and offsets).
-fn pack_tail(footer_offset: u64, entries: &[PackEntry]) -> (Vec<u8>, ContentHash) {
-    let footer = postcard::to_stdvec(entries).unwrap_or_default();
-    let mut tail = footer;
+fn pack_tail(format: u16, footer_offset: u64, entries: &[PackEntry]) -> (Vec<u8>, ContentHash) {
+    let mut tail = entries_wire(entries, format);
     let footer_len = tail.len() as u64;
     tail.extend_from_slice(&footer_offset.to_le_bytes());
     tail.extend_from_slice(&footer_len.to_le_bytes());
     let mut h = blake3::Hasher::new();
-    h.update(&header(Kind::Pack));
+    h.update(&header_in(Kind::Pack, format));
     h.update(&tail);
     let id = ContentHash(*h.finalize().as_bytes());
     tail.extend_from_slice(id.as_bytes());
     (tail, id)
 }
 
-/// Write `chunks` (id and raw bytes) as one pack.
+/// Write `chunks` (in their stored forms) as one pack of format `format`.
 ///
 /// # Errors
 ///
 /// [`Error::Io`].
 pub(crate) fn write_pack(
     backend: &dyn Backend,
-    chunks: &[(ContentHash, &[u8])],
+    format: u16,
+    chunks: &[Stored<'_>],
 ) -> Result<WrittenPack> {
     static PAD: [u8; PACK_ALIGN] = [0; PACK_ALIGN];
-    let header = pack_header();
-    let mut stored = Vec::with_capacity(chunks.len());
+    let header = pack_header(format);
     let mut offset = PACK_ALIGN as u64;
     let mut entries = Vec::with_capacity(chunks.len());
-    for (id, raw) in chunks {
-        let (bytes, entry) = store_chunk(id, raw, offset);
-        offset += bytes.len() as u64;
-        let pad = (PACK_ALIGN - (bytes.len() % PACK_ALIGN)) % PACK_ALIGN;
+    let mut pads = Vec::with_capacity(chunks.len());
+    for c in chunks {
+        entries.push(PackEntry {
+            id: c.id.0,
+            span: Span {
+                offset,
+                len: c.bytes.len() as u64,
+                raw_len: c.raw_len,
+                form: c.form,
+            },
+        });
+        offset += c.bytes.len() as u64;
+        let pad = (PACK_ALIGN - (c.bytes.len() % PACK_ALIGN)) % PACK_ALIGN;
         offset += pad as u64;
-        entries.push(entry);
-        stored.push((bytes, pad));
+        pads.push(pad);
     }
-    let (tail, id) = pack_tail(offset, &entries);
+    let (tail, id) = pack_tail(format, offset, &entries);
     let mut parts: Vec<&[u8]> = Vec::with_capacity(chunks.len() * 2 + 2);
     parts.push(&header);
-    for (bytes, pad) in &stored {
-        parts.push(bytes);
+    for (c, pad) in chunks.iter().zip(&pads) {
+        parts.push(&c.bytes);
         if *pad > 0 {
             parts.push(&PAD[..*pad]);
         }
@@ -243,33 +487,66 @@ pub(crate) fn write_pack(
     })
 }
 
-/// Write `chunks` into packs of about [`PACK_TARGET_BYTES`] each (a chunk larger than
-/// that gets a pack of its own), in order. Chunks held by a repository are read first.
+/// Write `chunks` into packs of format `format` of about [`PACK_TARGET_BYTES`] of
+/// stored bytes each (a chunk larger than that gets a pack of its own), in order:
+/// groups of up to [`PACK_TARGET_BYTES`] raw bytes are loaded (chunks held by a
+/// repository are read first, and so are bases) and encoded in parallel, and their
+/// stored forms gathered until a pack is full. Holds at most about two packs' worth of
+/// raw and stored bytes at a time.
 ///
 /// # Errors
 ///
 /// [`Error::Io`]; a stored chunk's read error.
-pub(crate) fn write_packs(
+pub(crate) fn write_packs<'a>(
     backend: &dyn Backend,
-    chunks: &[(ContentHash, &Chunk)],
+    format: u16,
+    chunks: &[NewChunk<'a>],
 ) -> Result<Vec<WrittenPack>> {
     let mut out = Vec::new();
+    let mut pending: Vec<Stored<'a>> = Vec::new();
+    let mut pending_bytes = 0;
     let mut start = 0;
     while start < chunks.len() {
         let mut end = start;
         let mut bytes = 0;
         while end < chunks.len()
-            && (end == start || bytes + chunks[end].1.len_bytes() <= PACK_TARGET_BYTES)
+            && (end == start || bytes + chunks[end].chunk.len_bytes() <= PACK_TARGET_BYTES)
         {
-            bytes += chunks[end].1.len_bytes();
+            bytes += chunks[end].chunk.len_bytes();
             end += 1;
         }
-        let group: Vec<(ContentHash, &[u8])> = chunks[start..end]
+        let group = &chunks[start..end];
+        for c in group {
+            c.chunk.load()?;
+            if let Some((_, b)) = &c.base {
+                // A base that does not read is no base: the chunk is stored whole.
+                let _ = b.load();
+            }
+        }
+        let jobs: Vec<_> = group
             .iter()
-            .map(|(h, c)| c.load().map(|()| (*h, c.data())))
-            .collect::<Result<_>>()?;
-        out.push(write_pack(backend, &group)?);
+            .map(|c| {
+                let chunk: &'a Chunk = c.chunk;
+                let base = c
+                    .base
+                    .filter(|(_, b)| !b.is_unloaded())
+                    .map(|(h, b): (ContentHash, &'a Chunk)| (h, b.data()));
+                (c.id, chunk.data(), c.width, base)
+            })
+            .collect();
+        for st in store_chunks(format, &jobs) {
+            if !pending.is_empty() && pending_bytes + st.bytes.len() > PACK_TARGET_BYTES {
+                out.push(write_pack(backend, format, &pending)?);
+                pending.clear();
+                pending_bytes = 0;
+            }
+            pending_bytes += st.bytes.len();
+            pending.push(st);
+        }
         start = end;
+    }
+    if !pending.is_empty() {
+        out.push(write_pack(backend, format, &pending)?);
     }
     Ok(out)
 }
@@ -298,6 +575,7 @@ fn footer_bounds(path: &str, size: u64, tail: &[u8]) -> Result<(u64, u64)> {
 /// the trailer) and `trailer`, and parse the footer's entries.
 fn check_footer(
     path: &str,
+    version: u16,
     header: &[u8],
     footer: &[u8],
     trailer: &[u8],
@@ -321,13 +599,14 @@ fn check_footer(
         .checked_sub(16)
         .map(|n| &footer[..n])
         .ok_or_else(|| corrupt(path, "truncated pack"))?;
-    let (entries, rest) = postcard::take_from_bytes::<Vec<PackEntry>>(entries_bytes)
-        .map_err(|e| corrupt(path, format!("unreadable pack footer: {e}")))?;
+    let (entries, rest) = take_entries(entries_bytes, version)
+        .ok_or_else(|| corrupt(path, "unreadable pack footer"))?;
     if !rest.is_empty() {
         return Err(corrupt(path, "trailing bytes after the pack footer"));
     }
     for e in &entries {
-        let ok = e.span.offset >= PACK_ALIGN as u64
+        let ok = e.plausible()
+            && e.span.offset >= PACK_ALIGN as u64
             && e.span.offset.is_multiple_of(PACK_ALIGN as u64)
             && e.span.range().is_some_and(|r| r.end <= off);
         if !ok {
@@ -348,7 +627,7 @@ pub(crate) fn parse_pack(
     bytes: &[u8],
     want: Option<&ContentHash>,
 ) -> Result<Vec<PackEntry>> {
-    check_header(path, bytes, Kind::Pack)?;
+    let version = check_header(path, bytes, Kind::Pack)?;
     if bytes.len() < PACK_ALIGN + PACK_TAIL_LEN {
         return Err(corrupt(path, "truncated pack"));
     }
@@ -357,6 +636,7 @@ pub(crate) fn parse_pack(
     let trailer_start = bytes.len() - TRAILER_LEN;
     check_footer(
         path,
+        version,
         &bytes[..HEADER_LEN],
         &bytes[off as usize..trailer_start],
         &bytes[trailer_start..],
@@ -375,10 +655,11 @@ fn read_footer(backend: &dyn Backend, key: &str, size: u64) -> Result<Vec<PackEn
     let tail = backend.get_range(key, tail_start..size)?;
     let (off, _) = footer_bounds(key, size, &tail)?;
     let header = backend.get_range(key, 0..HEADER_LEN as u64)?;
-    check_header(key, &header, Kind::Pack)?;
+    let version = check_header(key, &header, Kind::Pack)?;
     let footer = backend.get_range(key, off..size - TRAILER_LEN as u64)?;
     check_footer(
         key,
+        version,
         &header,
         &footer,
         &tail[16..],
@@ -417,19 +698,69 @@ pub(crate) fn unindexed_pack_holding(
 mod tests {
     use super::*;
     use crate::repo::backend::MemoryBackend;
+    use crate::repo::format::FORMAT_VERSION;
 
     #[test]
-    fn an_entry_encodes_as_id_offset_len() {
+    fn an_entry_encodes_as_id_offset_len_and_in_format_2_raw_len_and_form() {
         let e = PackEntry {
             id: [7; 32],
+            span: Span::raw(300, 5),
+        };
+        let mut want = vec![1u8];
+        want.extend_from_slice(&[7u8; 32]);
+        want.extend_from_slice(&[0xac, 0x02, 5]);
+        assert_eq!(entries_wire(&[e], FORMAT_V1), want);
+        want.extend_from_slice(&[5, 0]);
+        assert_eq!(entries_wire(&[e], 2), want);
+        let d = PackEntry {
+            id: [7; 32],
             span: Span {
-                offset: 300,
+                offset: 64,
                 len: 5,
+                raw_len: 300,
+                form: Form::Delta([9; 32]),
             },
         };
-        let mut want = vec![7u8; 32];
-        want.extend_from_slice(&[0xac, 0x02, 5]);
-        assert_eq!(postcard::to_stdvec(&e).unwrap(), want);
+        let mut want = vec![1u8];
+        want.extend_from_slice(&[7u8; 32]);
+        want.extend_from_slice(&[64, 5, 0xac, 0x02, 2]);
+        want.extend_from_slice(&[9u8; 32]);
+        assert_eq!(entries_wire(&[d], 2), want);
+        for format in [FORMAT_V1, 2] {
+            let bytes = entries_wire(&[e], format);
+            assert_eq!(take_entries(&bytes, format).unwrap().0, vec![e]);
+        }
+        assert_eq!(take_entries(&want, 2).unwrap().0, vec![d]);
+    }
+
+    #[test]
+    fn entries_whose_lengths_do_not_fit_their_form_are_refused() {
+        let raw = |len, raw_len| PackEntry {
+            id: [1; 32],
+            span: Span {
+                offset: 64,
+                len,
+                raw_len,
+                form: Form::Raw,
+            },
+        };
+        assert!(raw(10, 10).plausible());
+        assert!(!raw(10, 11).plausible());
+        let coded = |len, raw_len, form| PackEntry {
+            id: [1; 32],
+            span: Span {
+                offset: 64,
+                len,
+                raw_len,
+                form,
+            },
+        };
+        assert!(coded(10, 1000, Form::Planes).plausible());
+        assert!(coded(1000 + MAX_CODED_OVERHEAD, 1000, Form::Delta([2; 32])).plausible());
+        assert!(!coded(1001 + MAX_CODED_OVERHEAD, 1000, Form::Planes).plausible());
+        assert!(!coded(0, 0, Form::Planes).plausible());
+        // A chunk that is its own base.
+        assert!(!coded(10, 1000, Form::Delta([1; 32])).plausible());
     }
 
     #[test]
@@ -443,7 +774,8 @@ mod tests {
             .iter()
             .map(|d| (ContentHash::of_bytes(d), &d[..]))
             .collect();
-        let pack = write_pack(&backend, &chunks).unwrap();
+        let stored: Vec<Stored<'_>> = chunks.iter().map(|(h, d)| Stored::raw(*h, d)).collect();
+        let pack = write_pack(&backend, FORMAT_VERSION, &stored).unwrap();
         let key = pack_key(&pack.id);
         let bytes = backend.get(&key).unwrap();
         assert_eq!(bytes.len() as u64, pack.size);

@@ -16,7 +16,7 @@ use super::format::{
     RefEntry, VersionBody, HEAD_KEY,
 };
 use super::generation::{forget_collected, now_ns};
-use super::pack::{write_packs, Loc};
+use super::pack::{write_packs, Loc, NewChunk, MAX_DELTA_CHAIN};
 use super::refs;
 use super::RepoLink;
 use crate::chunk::{Chunk, Pool};
@@ -45,6 +45,12 @@ pub struct SaveStats {
     pub refs_written: usize,
     /// Bytes of every object written.
     pub bytes_written: u64,
+    /// Raw bytes of the chunks written into new packs (their length in their tensors).
+    pub chunk_bytes_raw: u64,
+    /// Bytes those chunks take in the packs (coded: byte planes or deltas; see
+    /// `docs/FORMAT.md`, "Stored forms"), without alignment padding. At most
+    /// `chunk_bytes_raw`.
+    pub chunk_bytes_stored: u64,
 }
 
 /// A tensor's manifest object and its id. Refuses a layout the manifest reader refuses
@@ -588,38 +594,82 @@ fn write_objects(
     redo.extend(b.gone.iter().cloned());
     let todo = unsaved_or_recorded(hist, &b.saved, &redo, &b.pruned)?;
 
-    // Chunks of the new versions: hash (parallel), then keep those the repository lacks.
+    // Chunks of the new versions, each with its tensor's element width and the chunk at
+    // the same index of the same variable in the version's first parent (the base a
+    // delta may be taken against): hash (parallel), then keep those the repository
+    // lacks.
     let mut seen = HashSet::new();
-    let mut chunks: Vec<&Chunk> = Vec::new();
+    let mut chunks: Vec<(&Chunk, usize, Option<&Chunk>)> = Vec::new();
     for v in &todo {
-        for t in hist.node(*v)?.vars.get()?.values() {
-            chunks.extend(t.chunks().filter(|c| seen.insert(c.addr())));
+        let node = hist.node(*v)?;
+        let parent_vars = node
+            .parents
+            .first()
+            .and_then(|p| hist.node(*p).ok())
+            .and_then(|n| n.vars.get().ok());
+        for (name, t) in node.vars.get()?.iter() {
+            let base_chunks: Vec<&Chunk> = parent_vars
+                .and_then(|pv| pv.get(name))
+                .filter(|pt| pt.dtype() == t.dtype() && pt.chunk_elems() == t.chunk_elems())
+                .map(|pt| pt.chunks().collect())
+                .unwrap_or_default();
+            for (i, c) in t.chunks().enumerate() {
+                if seen.insert(c.addr()) {
+                    let base = base_chunks
+                        .get(i)
+                        .copied()
+                        .filter(|bc| bc.len_bytes() == c.len_bytes() && !bc.ptr_eq(c));
+                    chunks.push((c, t.dtype().size(), base));
+                }
+            }
         }
     }
-    hash_chunks(&chunks);
+    let plain: Vec<&Chunk> = chunks.iter().map(|c| c.0).collect();
+    hash_chunks(&plain);
     let mut new_ids = HashSet::new();
-    let mut new: Vec<(ContentHash, &Chunk)> = Vec::new();
-    for c in chunks {
+    let mut new: Vec<NewChunk<'_>> = Vec::new();
+    // Links of each new chunk's delta chain at most (its own included; 1 for a full
+    // chunk): a delta is taken only against a base whose chain is shorter than
+    // `MAX_DELTA_CHAIN`.
+    let mut links: HashMap<ContentHash, usize> = HashMap::new();
+    for (c, width, base) in chunks {
         let h = c.hash();
-        if b.chunks.contains(&h) && !b.gc_candidates.contains(&h) {
+        if b.chain_links(&h).is_some() {
             if new_ids.insert(h) {
                 stats.chunks_present += 1;
             }
         } else if new_ids.insert(h) {
-            new.push((h, c));
+            let base = base
+                .and_then(|bc| Some((bc.cached_hash()?, bc)))
+                .filter(|(bh, _)| *bh != h)
+                .and_then(|(bh, bc)| {
+                    let n = links.get(&bh).copied().or_else(|| b.chain_links(&bh))?;
+                    (n < MAX_DELTA_CHAIN).then_some((bh, bc, n))
+                });
+            links.insert(h, base.map_or(1, |(_, _, n)| n + 1));
+            new.push(NewChunk {
+                id: h,
+                chunk: c,
+                width,
+                base: base.map(|(bh, bc, _)| (bh, bc)),
+            });
         }
     }
 
     // Packs, then one index of them.
     let mut rewrote: HashSet<String> = HashSet::new();
     let mut index = IndexBody::default();
-    for pack in write_packs(&*backend, &new)? {
+    for pack in write_packs(&*backend, b.chunks.format(), &new)? {
         let key = pack_key(&pack.id);
         if b.gc_keys.contains(&key) {
             rewrote.insert(key);
         }
         stats.packs_written += 1;
         stats.chunks_written += pack.entries.len();
+        for e in &pack.entries {
+            stats.chunk_bytes_raw += e.span.raw_len();
+            stats.chunk_bytes_stored += e.span.stored_len();
+        }
         stats.bytes_written += pack.size;
         index.packs.push(IndexPack {
             pack: pack.id.0,

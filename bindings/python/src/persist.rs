@@ -112,6 +112,10 @@ pub(crate) struct PySaveStats {
     refs_written: usize,
     /// Bytes of every object written.
     bytes_written: u64,
+    /// Raw bytes of the chunks written into new packs.
+    chunk_bytes_raw: u64,
+    /// Bytes those chunks take in the packs (coded: byte planes or deltas).
+    chunk_bytes_stored: u64,
 }
 
 impl From<SaveStats> for PySaveStats {
@@ -124,6 +128,8 @@ impl From<SaveStats> for PySaveStats {
             manifests_written: s.manifests_written,
             refs_written: s.refs_written,
             bytes_written: s.bytes_written,
+            chunk_bytes_raw: s.chunk_bytes_raw,
+            chunk_bytes_stored: s.chunk_bytes_stored,
         }
     }
 }
@@ -133,14 +139,17 @@ impl PySaveStats {
     fn __repr__(&self) -> String {
         format!(
             "SaveStats(versions_written={}, chunks_written={}, chunks_present={}, \
-             packs_written={}, manifests_written={}, refs_written={}, bytes_written={})",
+             packs_written={}, manifests_written={}, refs_written={}, bytes_written={}, \
+             chunk_bytes_raw={}, chunk_bytes_stored={})",
             self.versions_written,
             self.chunks_written,
             self.chunks_present,
             self.packs_written,
             self.manifests_written,
             self.refs_written,
-            self.bytes_written
+            self.bytes_written,
+            self.chunk_bytes_raw,
+            self.chunk_bytes_stored
         )
     }
 }

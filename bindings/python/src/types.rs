@@ -142,6 +142,8 @@ pub(crate) struct PyStats {
     held_bytes: usize,
     encoded_bytes: usize,
     encoded_held_bytes: usize,
+    stored_bytes: usize,
+    stored_pack_bytes: usize,
 }
 
 impl From<Stats> for PyStats {
@@ -157,6 +159,8 @@ impl From<Stats> for PyStats {
             held_bytes: s.held_bytes,
             encoded_bytes: s.encoded_bytes,
             encoded_held_bytes: s.encoded_held_bytes,
+            stored_bytes: s.stored_bytes,
+            stored_pack_bytes: s.stored_pack_bytes,
         }
     }
 }
@@ -165,7 +169,7 @@ impl From<Stats> for PyStats {
 impl PyStats {
     fn __repr__(&self) -> String {
         format!(
-            "Stats(versions={}, variables={}, unique_chunks={}, unique_bytes={}, logical_bytes={}, sharing_ratio={:.2}, pooled_bytes={}, held_bytes={}, encoded_bytes={}, encoded_held_bytes={})",
+            "Stats(versions={}, variables={}, unique_chunks={}, unique_bytes={}, logical_bytes={}, sharing_ratio={:.2}, pooled_bytes={}, held_bytes={}, encoded_bytes={}, encoded_held_bytes={}, stored_bytes={}, stored_pack_bytes={})",
             self.versions,
             self.variables,
             self.unique_chunks,
@@ -175,7 +179,9 @@ impl PyStats {
             self.pooled_bytes,
             self.held_bytes,
             self.encoded_bytes,
-            self.encoded_held_bytes
+            self.encoded_held_bytes,
+            self.stored_bytes,
+            self.stored_pack_bytes
         )
     }
 }

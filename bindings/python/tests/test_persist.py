@@ -110,6 +110,30 @@ def test_second_save_writes_only_new_chunks(tmp_path):
     assert third.bytes_written < first.bytes_written / 4
 
 
+def test_dense_steps_are_saved_as_deltas_and_stats_report_raw_and_stored_bytes(tmp_path):
+    rng = np.random.default_rng(1)
+    w = (rng.random(16384, np.float32) - 0.5) * 0.2
+    s = th.Store(chunk_bytes=16384)
+    s.insert("w", w)
+    s.commit("step 0")
+    first = s.save_as(tmp_path)
+    assert first.chunk_bytes_raw == w.nbytes
+    assert first.chunk_bytes_stored <= first.chunk_bytes_raw
+    w = w * (1 + 1e-4 * (rng.random(w.shape, np.float32) - 0.5))
+    s.write("w", w)
+    s.commit("step 1")
+    second = s.save()
+    assert second.chunk_bytes_raw == w.nbytes
+    # A dense step stored as XOR deltas takes well under its raw bytes.
+    assert second.chunk_bytes_stored * 3 < second.chunk_bytes_raw * 2
+    assert "chunk_bytes_stored=" in repr(second)
+    r = th.Store.open(tmp_path)
+    assert same(r.get("w"), w)
+    st = r.stats()
+    assert st.stored_bytes == 2 * w.nbytes
+    assert st.stored_pack_bytes == first.chunk_bytes_stored + second.chunk_bytes_stored
+
+
 def test_uncommitted_changes_are_not_saved(tmp_path):
     s = th.Store()
     s.insert("w", np.arange(4.0))

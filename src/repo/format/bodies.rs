@@ -6,13 +6,13 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use serde::{Deserialize, Serialize};
 
 use super::corrupt;
-use super::envelope::{body_of, decode, decode_body, Kind};
+use super::envelope::{body_and_version, body_of, decode, decode_body, encode_in, Kind, FORMAT_V1};
 use super::wire::{RawHash, Wire};
 use crate::element::DType;
 use crate::error::Result;
 use crate::hash::ContentHash;
 use crate::meta::Meta;
-use crate::repo::pack::PackEntry;
+use crate::repo::pack::{EntryV1, PackEntry};
 use crate::tensor::shape_len;
 
 pub(crate) use crate::tensor::MAX_DIMS;
@@ -37,7 +37,7 @@ fn manifest_body_fast(bytes: &[u8]) -> Option<ManifestBody> {
     })
 }
 
-fn index_body_fast(bytes: &[u8]) -> Option<IndexBody> {
+fn index_body_fast(bytes: &[u8], version: u16) -> Option<IndexBody> {
     let mut w = Wire(bytes);
     let supersedes = w.hashes()?;
     let n = w.len(33)?;
@@ -46,7 +46,7 @@ fn index_body_fast(bytes: &[u8]) -> Option<IndexBody> {
         let pack = w.hash()?;
         let m = w.len(PackEntry::MIN_WIRE_LEN)?;
         let chunks = (0..m)
-            .map(|_| PackEntry::read_wire(&mut w))
+            .map(|_| PackEntry::read_wire(&mut w, version))
             .collect::<Option<Vec<_>>>()?;
         packs.push(IndexPack { pack, chunks });
     }
@@ -185,16 +185,76 @@ pub(crate) struct IndexPack {
     pub(crate) chunks: Vec<PackEntry>,
 }
 
+/// An index body of format version 1 (raw chunks: entries `{ id, offset, len }`).
+#[derive(Serialize, Deserialize)]
+struct IndexBodyV1 {
+    supersedes: Vec<RawHash>,
+    packs: Vec<IndexPackV1>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct IndexPackV1 {
+    pack: RawHash,
+    chunks: Vec<EntryV1>,
+}
+
+/// An index file of a repository of format `format`: its bytes and id. A format-1
+/// index holds raw chunks only (format-1 repositories are written raw).
+pub(crate) fn encode_index_in(format: u16, body: &IndexBody) -> (Vec<u8>, ContentHash) {
+    if format == FORMAT_V1 {
+        let v1 = IndexBodyV1 {
+            supersedes: body.supersedes.clone(),
+            packs: body
+                .packs
+                .iter()
+                .map(|p| IndexPackV1 {
+                    pack: p.pack,
+                    chunks: p.chunks.iter().map(PackEntry::v1).collect(),
+                })
+                .collect(),
+        };
+        encode_in(Kind::Index, format, &v1)
+    } else {
+        encode_in(Kind::Index, format, body)
+    }
+}
+
 pub(crate) fn parse_index(
     path: &str,
     bytes: &[u8],
     want: Option<&ContentHash>,
 ) -> Result<IndexBody> {
-    let raw = body_of(path, bytes, Kind::Index, want)?;
-    match index_body_fast(raw) {
-        Some(body) => Ok(body),
-        None => decode_body(path, raw),
+    let (raw, version) = body_and_version(path, bytes, Kind::Index, want)?;
+    let body = match index_body_fast(raw, version) {
+        Some(body) => body,
+        None if version == FORMAT_V1 => {
+            let v1: IndexBodyV1 = decode_body(path, raw)?;
+            IndexBody {
+                supersedes: v1.supersedes,
+                packs: v1
+                    .packs
+                    .into_iter()
+                    .map(|p| IndexPack {
+                        pack: p.pack,
+                        chunks: p.chunks.into_iter().map(PackEntry::from).collect(),
+                    })
+                    .collect(),
+            }
+        }
+        None => decode_body(path, raw)?,
+    };
+    if body
+        .packs
+        .iter()
+        .flat_map(|p| &p.chunks)
+        .any(|e| !e.plausible())
+    {
+        return Err(corrupt(
+            path,
+            "an entry's lengths do not fit its stored form",
+        ));
     }
+    Ok(body)
 }
 
 /// A gc run's record: candidates for deletion, and when they were found.
@@ -213,7 +273,8 @@ pub(crate) fn parse_gc(path: &str, bytes: &[u8], want: Option<&ContentHash>) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::repo::pack::Span;
+    use crate::repo::format::FORMAT_VERSION;
+    use crate::repo::pack::{Form, Span};
 
     /// Check a direct reader against postcard on `body`'s encoding and on every flip of
     /// one of the first 300 bytes (three bits each) and every cut.
@@ -294,6 +355,12 @@ mod tests {
             span: Span {
                 offset: 64 * u64::from(i),
                 len: 1 << (i % 40),
+                raw_len: 3 << (i % 40),
+                form: match i % 3 {
+                    0 => Form::Raw,
+                    1 => Form::Planes,
+                    _ => Form::Delta([i + 1; 32]),
+                },
             },
         };
         let bodies = [
@@ -317,17 +384,14 @@ mod tests {
                         pack: [7; 32],
                         chunks: vec![PackEntry {
                             id: [0; 32],
-                            span: Span {
-                                offset: u64::MAX,
-                                len: u64::MAX,
-                            },
+                            span: Span::raw(u64::MAX, u64::MAX),
                         }],
                     },
                 ],
             },
         ];
         for body in &bodies {
-            agrees_with_postcard(body, index_body_fast);
+            agrees_with_postcard(body, |b| index_body_fast(b, FORMAT_VERSION));
         }
     }
 }

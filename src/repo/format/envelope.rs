@@ -7,8 +7,17 @@ use super::corrupt;
 use crate::error::{Error, Result};
 use crate::hash::ContentHash;
 
-/// The format version this build writes, and the only one it reads.
-pub(crate) const FORMAT_VERSION: u16 = 1;
+/// The repository format version this build creates repositories with (`config.json`),
+/// and the highest it reads. Version 2 records each chunk's stored form (raw, planes or
+/// XOR delta) in pack footers and index files; manifests, versions and gc records did
+/// not change and keep envelope version [`FORMAT_V1`], so their ids (and the versions'
+/// content addresses) are the same in repositories of either version.
+pub(crate) const FORMAT_VERSION: u16 = 2;
+
+/// Format version 1: raw chunks only. Repositories of this version are read, and
+/// written to in this version (raw chunks), so that the builds that wrote them keep
+/// reading them.
+pub(crate) const FORMAT_V1: u16 = 1;
 
 /// First 7 bytes of every binary object (PNG-style: a high byte, the name, CR LF, ^Z, LF).
 pub(crate) const MAGIC: [u8; 7] = *b"\x89TH\r\n\x1a\n";
@@ -41,16 +50,37 @@ impl Kind {
     }
 }
 
-pub(crate) fn header(kind: Kind) -> [u8; HEADER_LEN] {
+impl Kind {
+    /// The envelope versions readers accept for objects of this kind: packs and index
+    /// files changed in version 2, the others did not.
+    fn reads(self, version: u16) -> bool {
+        match self {
+            Kind::Pack | Kind::Index => (FORMAT_V1..=FORMAT_VERSION).contains(&version),
+            Kind::Manifest | Kind::Version | Kind::Gc => version == FORMAT_V1,
+        }
+    }
+
+    /// The envelope version of objects of this kind in a repository of format
+    /// `format`.
+    pub(crate) fn version_in(self, format: u16) -> u16 {
+        match self {
+            Kind::Pack | Kind::Index => format,
+            Kind::Manifest | Kind::Version | Kind::Gc => FORMAT_V1,
+        }
+    }
+}
+
+/// The header of an object of `kind` in a repository of format `format`.
+pub(crate) fn header_in(kind: Kind, format: u16) -> [u8; HEADER_LEN] {
     let mut h = [0u8; HEADER_LEN];
     h[..7].copy_from_slice(&MAGIC);
     h[7] = kind as u8;
-    h[8..10].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+    h[8..10].copy_from_slice(&kind.version_in(format).to_le_bytes());
     h
 }
 
-/// Check magic, kind and version of the first bytes of an object.
-pub(crate) fn check_header(path: &str, bytes: &[u8], kind: Kind) -> Result<()> {
+/// Check magic, kind and version of the first bytes of an object; its envelope version.
+pub(crate) fn check_header(path: &str, bytes: &[u8], kind: Kind) -> Result<u16> {
     if bytes.len() < HEADER_LEN || bytes[..7] != MAGIC {
         return Err(corrupt(path, "not a tensor-history object (bad magic)"));
     }
@@ -65,18 +95,23 @@ pub(crate) fn check_header(path: &str, bytes: &[u8], kind: Kind) -> Result<()> {
         ));
     }
     let version = u16::from_le_bytes([bytes[8], bytes[9]]);
-    if version != FORMAT_VERSION {
+    if !kind.reads(version) {
         return Err(Error::UnsupportedFormat {
             path: path.to_owned(),
             found: format!("{} format version {version}", kind.name()),
         });
     }
-    Ok(())
+    Ok(version)
 }
 
 /// Header, postcard body, BLAKE3 trailer. Returns the bytes and their id (the trailer).
 pub(crate) fn encode<T: Serialize>(kind: Kind, body: &T) -> (Vec<u8>, ContentHash) {
-    let mut out = header(kind).to_vec();
+    encode_in(kind, FORMAT_V1, body)
+}
+
+/// [`encode`] for a repository of format `format`.
+pub(crate) fn encode_in<T: Serialize>(kind: Kind, format: u16, body: &T) -> (Vec<u8>, ContentHash) {
+    let mut out = header_in(kind, format).to_vec();
     // Serializing plain data structures to a Vec cannot fail.
     out = postcard::to_extend(body, out).unwrap_or_default();
     let id = ContentHash::of_bytes(&out);
@@ -102,7 +137,17 @@ pub(crate) fn body_of<'a>(
     kind: Kind,
     want: Option<&ContentHash>,
 ) -> Result<&'a [u8]> {
-    check_header(path, bytes, kind)?;
+    body_and_version(path, bytes, kind, want).map(|(b, _)| b)
+}
+
+/// [`body_of`], and the object's envelope version.
+pub(crate) fn body_and_version<'a>(
+    path: &str,
+    bytes: &'a [u8],
+    kind: Kind,
+    want: Option<&ContentHash>,
+) -> Result<(&'a [u8], u16)> {
+    let version = check_header(path, bytes, kind)?;
     if bytes.len() < HEADER_LEN + TRAILER_LEN {
         return Err(corrupt(path, "truncated (shorter than header and trailer)"));
     }
@@ -116,7 +161,7 @@ pub(crate) fn body_of<'a>(
             return Err(corrupt(path, format!("holds object {id}, not {w}")));
         }
     }
-    Ok(&content[HEADER_LEN..])
+    Ok((&content[HEADER_LEN..], version))
 }
 
 /// A postcard body that must fill `body` exactly.

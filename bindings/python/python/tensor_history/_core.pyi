@@ -61,6 +61,12 @@ class Stats:
     def encoded_bytes(self) -> int: ...
     @property
     def encoded_held_bytes(self) -> int: ...
+    @property
+    def stored_bytes(self) -> int:
+        """Raw bytes of the held chunks that live in a repository."""
+    @property
+    def stored_pack_bytes(self) -> int:
+        """Bytes those chunks take in the repository's packs (byte planes, deltas)."""
 
 class PruneStats:
     @property
@@ -112,6 +118,12 @@ class SaveStats:
     def refs_written(self) -> int: ...
     @property
     def bytes_written(self) -> int: ...
+    @property
+    def chunk_bytes_raw(self) -> int:
+        """Raw bytes of the chunks written into new packs."""
+    @property
+    def chunk_bytes_stored(self) -> int:
+        """Bytes those chunks take in the packs (byte planes, deltas)."""
 
 class PartStats:
     """What ``write_part`` wrote: one writer's part of a version several writers make."""
