@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 use super::backend::{is_not_found, open_location, Backend};
 use super::format::{index_key, manifest_key, IndexBody, IndexPack};
 use super::open::ManifestVars;
-use super::pack::write_packs;
+use super::pack::{write_packs, NewChunk};
 use super::save::{hash_chunks, manifest_bytes};
 use super::RepoLink;
 use crate::chunk::Chunk;
@@ -128,28 +128,37 @@ impl Store {
         let b = RepoLink::connect(backend.clone())?;
         let mut stats = PartStats::default();
         let mut seen = HashSet::new();
-        let chunks: Vec<&Chunk> = self
+        let chunks: Vec<(&Chunk, usize)> = self
             .working
             .values()
-            .flat_map(|t| t.chunks())
-            .filter(|c| seen.insert(c.addr()))
+            .flat_map(|t| t.chunks().map(move |c| (c, t.dtype().size())))
+            .filter(|(c, _)| seen.insert(c.addr()))
             .collect();
-        hash_chunks(&chunks);
+        let plain: Vec<&Chunk> = chunks.iter().map(|(c, _)| *c).collect();
+        hash_chunks(&plain);
         let mut ids = HashSet::new();
-        let mut new: Vec<(ContentHash, &Chunk)> = Vec::new();
-        for c in chunks {
+        let mut new: Vec<NewChunk<'_>> = Vec::new();
+        for (c, width) in chunks {
             let h = c.hash();
             if !ids.insert(h) {
                 continue;
             }
-            if b.chunks.contains(&h) && !b.gc_candidates.contains(&h) {
+            // Present with every link of its chain outside gc records (as a save reuses).
+            if b.chain_links(&h).is_some() {
                 stats.chunks_present += 1;
             } else {
-                new.push((h, c));
+                // A part has no parent version to take deltas against: its new chunks
+                // are stored whole, byte-plane coded where that saves (format 2).
+                new.push(NewChunk {
+                    id: h,
+                    chunk: c,
+                    width,
+                    base: None,
+                });
             }
         }
         let mut index = IndexBody::default();
-        for pack in write_packs(&*backend, &new)? {
+        for pack in write_packs(&*backend, b.chunks.format(), &new)? {
             stats.packs_written += 1;
             stats.chunks_written += pack.entries.len();
             stats.bytes_written += pack.size;
