@@ -6,11 +6,14 @@ mod common;
 use std::io::ErrorKind;
 use std::sync::Arc;
 
+use ndarray::ArrayD;
 use tensor_history::{
     Backend, Config, ContentHash, Error, GcOptions, Retention, SimBackend, Store,
 };
 
-use common::{fingerprint, ramp, Fingerprint, CHUNK_BYTES};
+use common::{
+    dense_weights, fingerprint, ramp, same_bits, Fingerprint, CHUNK_BYTES, DENSE_CHUNK_BYTES,
+};
 
 fn config() -> Config {
     Config {
@@ -33,12 +36,21 @@ fn base_store() -> Store {
 /// Reopen what a power loss left and check that HEAD and every ref are as in `old` or
 /// as in `new` (refs move one by one, each atomically), and that every version holds
 /// the data it was saved with.
-fn check_survivor(sim: &SimBackend, seed: u64, old: &Fingerprint, new: &Fingerprint, what: &str) {
+/// `reads` checks what the reopened store reads against what was written.
+fn check_survivor(
+    sim: &SimBackend,
+    seed: u64,
+    old: &Fingerprint,
+    new: &Fingerprint,
+    what: &str,
+    reads: &dyn Fn(&Store, &str),
+) {
     let survivor = sim.power_loss(seed);
     let r = Store::open_backend(Arc::new(survivor), config())
         .unwrap_or_else(|e| panic!("{what}: reopen failed: {e}"));
     r.verify()
         .unwrap_or_else(|e| panic!("{what}: verify failed: {e}"));
+    reads(&r, what);
     let f = fingerprint(&r);
     let either = |a: Option<&(bool, ContentHash)>, name: &str| {
         a == old.refs.get(name) || a == new.refs.get(name)
@@ -75,7 +87,9 @@ fn check_survivor(sim: &SimBackend, seed: u64, old: &Fingerprint, new: &Fingerpr
     let mut r = r;
     r.gc_with(&GcOptions::immediate())
         .unwrap_or_else(|e| panic!("{what}: gc of the survivor failed: {e}"));
-    let after_gc = fingerprint(&reopen_backend(r.backend().unwrap(), what));
+    let after_gc = reopen_backend(r.backend().unwrap(), what);
+    reads(&after_gc, what);
+    let after_gc = fingerprint(&after_gc);
     if old_refs {
         assert_eq!(
             hidden(&after_gc),
@@ -100,6 +114,16 @@ fn crash_everywhere(
     prepare: impl Fn(&Arc<SimBackend>) -> Store,
     act: impl Fn(&mut Store, &Arc<SimBackend>) -> Result<(), Error>,
 ) {
+    crash_everywhere_reading(name, prepare, act, &|_, _| {});
+}
+
+/// [`crash_everywhere`], also checking every reopened store with `reads`.
+fn crash_everywhere_reading(
+    name: &str,
+    prepare: impl Fn(&Arc<SimBackend>) -> Store,
+    act: impl Fn(&mut Store, &Arc<SimBackend>) -> Result<(), Error>,
+    reads: &dyn Fn(&Store, &str),
+) {
     // A run without crash counts the operations.
     let sim = Arc::new(SimBackend::new());
     let mut s = prepare(&sim);
@@ -112,6 +136,7 @@ fn crash_everywhere(
         fingerprint(&s),
         "{name}: the save is incomplete"
     );
+    reads(&reopen_backend(sim.clone(), name), name);
     assert!(total > 0, "{name}: no operation to crash at");
     for n in 0..total {
         let sim = Arc::new(SimBackend::new());
@@ -137,6 +162,7 @@ fn crash_everywhere(
                 &old,
                 new,
                 &format!("{name}: op {n}/{total} seed {seed}"),
+                reads,
             );
         }
         // The failed store saves onto what a power loss left (as a rerun holding the
@@ -148,6 +174,7 @@ fn crash_everywhere(
             s.save_to(survivor.clone())
                 .unwrap_or_else(|e| panic!("{what}: {e}"));
             let r = reopen_backend(survivor, &what);
+            reads(&r, &what);
             assert_eq!(fingerprint(&r), fingerprint(&s), "{what}");
         }
     }
@@ -358,4 +385,148 @@ fn a_backend_error_at_any_point_of_a_save_loses_nothing_and_the_next_save_succee
             );
         }
     }
+}
+
+// ---- dense changes: packs holding XOR deltas and chains of them ----------------------
+
+/// Elements of the dense tensor `d`: 4 chunks of `f32`.
+const DENSE_ELEMS: usize = 4 * DENSE_CHUNK_BYTES / 4;
+
+fn dense_config() -> Config {
+    Config {
+        chunk_bytes: DENSE_CHUNK_BYTES,
+        ..Config::default()
+    }
+}
+
+/// `d` after `step` dense steps.
+fn dense_d(step: usize) -> ArrayD<f32> {
+    dense_weights(DENSE_ELEMS, step)
+}
+
+/// Commit `steps` dense steps of `d` after the one the working state holds, each as
+/// `dense {step}`, saving after each commit when `save_each`; returns the last step.
+fn dense_commits(s: &mut Store, from: usize, steps: usize, save_each: bool) -> usize {
+    for step in from + 1..=from + steps {
+        s.write("d", &dense_d(step)).unwrap();
+        s.commit(&format!("dense {step}")).unwrap();
+        if save_each {
+            let st = s.save().unwrap();
+            assert_stored_as_deltas(&st);
+        }
+    }
+    from + steps
+}
+
+/// The save stored its dense chunks coded: a raw pack would store what it read.
+fn assert_stored_as_deltas(st: &tensor_history::SaveStats) {
+    assert!(
+        st.chunk_bytes_stored * 2 < st.chunk_bytes_raw,
+        "dense chunks stored at more than half their bytes: {st:?}"
+    );
+}
+
+/// A saved store holding `d` at step 0 (committed as `dense 0`, tagged `t0`) and `b`.
+fn dense_saved_store(sim: &Arc<SimBackend>) -> Store {
+    let mut s = Store::with_config(dense_config()).unwrap();
+    s.insert("d", &dense_d(0)).unwrap();
+    s.insert("b", &ramp(&[5], 1.0)).unwrap();
+    s.commit("dense 0").unwrap();
+    s.tag("t0", s.head().unwrap()).unwrap();
+    s.save_to(sim.clone()).unwrap();
+    s
+}
+
+/// Every version of `r` whose message is `dense {step}` reads `d` as [`dense_d`]`(step)`,
+/// bit for bit (decoded through its chain of deltas).
+fn dense_reads(r: &Store, what: &str) {
+    let mut read = 0;
+    for id in r.versions() {
+        let Some(step) = r.message(id).unwrap().strip_prefix("dense ") else {
+            continue;
+        };
+        let step: usize = step.parse().unwrap();
+        let got = r
+            .snapshot(id)
+            .unwrap()
+            .get::<f32>("d")
+            .unwrap_or_else(|e| panic!("{what}: {id}: {e}"));
+        assert!(
+            same_bits(&got, &dense_d(step)),
+            "{what}: {id} (dense {step}) reads other bytes"
+        );
+        read += 1;
+    }
+    assert!(read > 0, "{what}: no dense version to read");
+}
+
+#[test]
+fn power_loss_during_a_dense_save_of_delta_chains_leaves_the_previous_or_the_new_save() {
+    // Nine dense steps in one save on top of a saved full version: each chunk's chain
+    // grows to its bound of 8 links, one version is stored whole again, and the next
+    // starts a new chain.
+    crash_everywhere_reading(
+        "dense save",
+        |sim| {
+            let mut s = dense_saved_store(sim);
+            dense_commits(&mut s, 0, 9, false);
+            s.branch("other", s.head().unwrap()).unwrap();
+            s
+        },
+        |s, _| {
+            let st = s.save()?;
+            assert_stored_as_deltas(&st);
+            Ok(())
+        },
+        &dense_reads,
+    );
+}
+
+#[test]
+fn power_loss_during_gc_of_deltas_whose_bases_versions_were_pruned_keeps_the_saved_repository() {
+    // Each dense step saved on its own: every delta's base is in an earlier save's pack.
+    // Pruning to the last two versions leaves live deltas whose bases belong to pruned
+    // versions; gc deletes the pruned versions but keeps those bases.
+    crash_everywhere_reading(
+        "gc of deltas",
+        |sim| {
+            let mut s = dense_saved_store(sim);
+            dense_commits(&mut s, 0, 4, true);
+            s.delete_tag("t0").unwrap();
+            s.prune(&Retention::keep_last(2)).unwrap();
+            s.save().unwrap();
+            s
+        },
+        |s, sim| {
+            let stats = s.gc_with(&GcOptions::immediate())?;
+            assert!(stats.objects_deleted > 0, "{stats:?}");
+            assert_eq!(sim.list("gc/generations/").unwrap().len(), 1);
+            Ok(())
+        },
+        &dense_reads,
+    );
+}
+
+#[test]
+fn power_loss_during_a_dense_save_after_gc_of_pruned_bases_leaves_the_previous_or_the_new_save() {
+    // The chains the next save extends start in packs that gc kept only as bases.
+    crash_everywhere_reading(
+        "dense save after gc",
+        |sim| {
+            let mut s = dense_saved_store(sim);
+            let last = dense_commits(&mut s, 0, 3, true);
+            s.delete_tag("t0").unwrap();
+            s.prune(&Retention::keep_last(1)).unwrap();
+            s.save().unwrap();
+            s.gc_with(&GcOptions::immediate()).unwrap();
+            dense_commits(&mut s, last, 2, false);
+            s
+        },
+        |s, _| {
+            let st = s.save()?;
+            assert_stored_as_deltas(&st);
+            Ok(())
+        },
+        &dense_reads,
+    );
 }

@@ -211,3 +211,33 @@ pub fn in_child(child: impl FnOnce() -> bool) -> Ended {
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
 }
+
+/// Chunk size of the dense tests: a delta of a dense step codes to about a quarter of a
+/// 4 KiB chunk, where a [`CHUNK_BYTES`] chunk never pays for a delta's header.
+pub const DENSE_CHUNK_BYTES: usize = 4 << 10;
+
+/// `elems` weights after `step` dense training steps: every element moves by a relative
+/// step of up to 1e-5 each step (as a small learning rate does), so consecutive steps
+/// differ in every element but share their sign, exponent and high mantissa bits, and a
+/// save stores them as XOR deltas against the previous step. O(elems) for any step.
+pub fn dense_weights(elems: usize, step: usize) -> ArrayD<f32> {
+    let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+    let mut unit = move || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        (rng >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    };
+    ArrayD::from_shape_fn(IxDyn(&[elems]), |_| {
+        let w = unit() * 0.1;
+        w * (1.0 + step as f32 * 1e-5 * unit())
+    })
+}
+
+/// Whether `a` and `b` hold the same bits (NaNs and signed zeros included).
+pub fn same_bits(a: &ArrayD<f32>, b: &ArrayD<f32>) -> bool {
+    a.shape() == b.shape()
+        && a.iter()
+            .zip(b.iter())
+            .all(|(x, y)| x.to_bits() == y.to_bits())
+}
