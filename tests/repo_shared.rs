@@ -9,10 +9,10 @@ use std::sync::{Arc, Mutex};
 
 use tensor_history::{
     Backend, Bytes, Config, Error, GcOptions, MemoryBackend, MergeStrategy, ObjectInfo, PutOutcome,
-    Retention, Store,
+    Retention, SaveStats, Store,
 };
 
-use common::{ramp, CHUNK_BYTES};
+use common::{dense_weights, ramp, same_bits, CHUNK_BYTES, DENSE_CHUNK_BYTES};
 
 fn config() -> Config {
     Config {
@@ -965,4 +965,142 @@ fn a_gc_run_past_its_deadline_deletes_nothing_more_and_a_later_run_deletes_the_r
         b.gc_with(&GcOptions::immediate()).unwrap().objects_deleted,
         0
     );
+}
+
+// ---- dense histories: packs holding XOR deltas against the parent version -----------
+
+/// Elements of the dense tensor `d`: 4 chunks of [`DENSE_CHUNK_BYTES`].
+const DENSE_ELEMS: usize = DENSE_CHUNK_BYTES;
+
+fn dense_config() -> Config {
+    Config {
+        chunk_bytes: DENSE_CHUNK_BYTES,
+        ..Config::default()
+    }
+}
+
+fn open_dense(dir: &tempfile::TempDir) -> Store {
+    Store::open_with(dir.path(), dense_config()).unwrap()
+}
+
+/// Write `d` at `step`, commit it as `dense {step}` and save.
+fn dense_step(s: &mut Store, step: usize) -> (tensor_history::VersionId, SaveStats) {
+    s.write("d", &dense_weights(DENSE_ELEMS, step)).unwrap();
+    let v = s.commit(&format!("dense {step}")).unwrap();
+    (v, s.save().unwrap())
+}
+
+/// [`dense_step`], whose save stores the dense chunks as deltas (asserted).
+fn dense_step_saved(s: &mut Store, step: usize) -> tensor_history::VersionId {
+    let (v, saved) = dense_step(s, step);
+    assert!(
+        saved.chunk_bytes_stored * 2 < saved.chunk_bytes_raw,
+        "dense step {step} not stored as deltas: {saved:?}"
+    );
+    v
+}
+
+/// Every version of a store opened on `dir` reads `d` as its step wrote it, bit for bit;
+/// returns the steps read.
+fn dense_reads_back(dir: &tempfile::TempDir) -> Vec<usize> {
+    let r = open_dense(dir);
+    r.verify().unwrap();
+    let mut steps = Vec::new();
+    for id in r.versions() {
+        let step: usize = r
+            .message(id)
+            .unwrap()
+            .strip_prefix("dense ")
+            .unwrap()
+            .parse()
+            .unwrap();
+        let got = r.snapshot(id).unwrap().get::<f32>("d").unwrap();
+        assert!(
+            same_bits(&got, &dense_weights(DENSE_ELEMS, step)),
+            "dense {step} reads other bytes"
+        );
+        steps.push(step);
+    }
+    steps.sort_unstable();
+    steps
+}
+
+/// A repository whose `main` holds `dense 0`, saved whole.
+fn dense_repo() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = open_dense(&dir);
+    s.insert("d", &dense_weights(DENSE_ELEMS, 0)).unwrap();
+    s.commit("dense 0").unwrap();
+    s.save().unwrap();
+    dir
+}
+
+#[test]
+fn a_gc_by_another_store_keeps_the_bases_of_deltas_whose_versions_it_pruned() {
+    let dir = dense_repo();
+    let mut a = open_dense(&dir);
+    for step in 1..=5 {
+        dense_step_saved(&mut a, step);
+    }
+    // Another store keeps only the last version: its chunks are deltas whose chains run
+    // back through the pruned versions' chunks to `dense 0`, all of them in packs of
+    // pruned versions.
+    let mut b = open_dense(&dir);
+    b.prune(&Retention::keep_last(1)).unwrap();
+    b.save().unwrap();
+    let gc = b.gc_with(&GcOptions::immediate()).unwrap();
+    assert!(gc.objects_deleted >= 5, "{gc:?}");
+    assert_eq!(dense_reads_back(&dir), [5]);
+    // The first store, which still lists the pruned versions, builds on its HEAD: after
+    // a refresh its save extends the kept chains.
+    a.refresh().unwrap();
+    dense_step_saved(&mut a, 6);
+    assert_eq!(dense_reads_back(&dir), [5, 6]);
+    let st = open_dense(&dir).stats();
+    assert!(
+        st.stored_pack_bytes * 2 < st.stored_bytes,
+        "chains not read as deltas: {st:?}"
+    );
+}
+
+#[test]
+fn a_dense_save_on_versions_another_stores_gc_recorded_writes_them_again_and_reads_back() {
+    let dir = dense_repo();
+    let mut a = open_dense(&dir);
+    a.branch("exp", a.head().unwrap()).unwrap();
+    a.checkout("exp").unwrap();
+    dense_step_saved(&mut a, 1);
+    let e2 = dense_step_saved(&mut a, 2);
+    // Another store deletes the branch and records what only it reached: the packs of
+    // `dense 1` and `dense 2`, which hold the bases of any delta the next step takes.
+    let mut b = open_dense(&dir);
+    b.checkout("main").unwrap();
+    b.delete_branch("exp").unwrap();
+    b.prune(&Retention::default().drop_unreachable(true))
+        .unwrap();
+    b.save().unwrap();
+    let gc = b.gc().unwrap();
+    assert!(gc.candidates_recorded > 0, "{gc:?}");
+    // The first store builds on `dense 2` on a new branch: the save writes `dense 2`
+    // again, its chunks whole (their bases are recorded too), and `dense 3` as deltas
+    // against them.
+    a.branch("exp2", e2).unwrap();
+    a.checkout("exp2").unwrap();
+    let (_, saved) = dense_step(&mut a, 3);
+    assert_eq!(saved.versions_written, 2, "{saved:?}");
+    assert_eq!(saved.chunks_written, 8, "{saved:?}");
+    assert!(
+        saved.chunk_bytes_stored * 4 < saved.chunk_bytes_raw * 3,
+        "dense 3 not stored as deltas: {saved:?}"
+    );
+    // A gc that deletes at once what is still unreferenced keeps every base: `dense 1`
+    // and `dense 2` stay pruned (a reader passes through their markers), and `dense 3`'s
+    // deltas read back through the chunks of `dense 2` written again.
+    b.refresh().unwrap();
+    let gc = b.gc_with(&GcOptions::immediate()).unwrap();
+    assert!(gc.objects_deleted > 0, "{gc:?}");
+    assert_eq!(dense_reads_back(&dir), [0, 3]);
+    let c = open_dense(&dir);
+    let tip = c.resolve("exp2").unwrap();
+    assert_eq!(c.message(tip).unwrap(), "dense 3");
 }
