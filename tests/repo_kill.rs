@@ -1,11 +1,15 @@
 //! Process kill: a child process saves in a loop to a local repository (with `save`, or
 //! with `save_in_background` while it commits the next step) and is killed with SIGKILL
-//! at random points. Reopening always succeeds, verifies, and holds every
-//! save the child reported as done, with the right data.
+//! at random points. Every step also changes every element of a tensor `d` a little (a
+//! dense training step), so saves write XOR deltas and chains of them, and gc runs over
+//! deltas whose bases' versions were pruned. Reopening always succeeds, verifies, and
+//! holds every save the child reported as done, with the right data bit for bit.
 //!
 //! The child is this test binary itself, run with `--ignored --exact` on
 //! [`child_saves_in_a_loop`] and the repository in an environment variable.
 #![cfg(unix)]
+
+mod common;
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -14,7 +18,9 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use ndarray::Array1;
-use tensor_history::{Config, GcOptions, PendingSave, Retention, Store, VersionId};
+use tensor_history::{
+    Config, ContentHash, GcOptions, PendingSave, Retention, SaveStats, Store, VersionId,
+};
 
 const DIR_VAR: &str = "TENSOR_HISTORY_KILL_TEST_DIR";
 /// Set (to anything) for a child that saves in the background.
@@ -23,6 +29,8 @@ const BACKGROUND_VAR: &str = "TENSOR_HISTORY_KILL_TEST_BACKGROUND";
 const LEN: usize = 1 << 16;
 const CHUNK_BYTES: usize = 16 << 10;
 const CHUNKS: usize = LEN * 4 / CHUNK_BYTES;
+/// Elements of the dense tensor `d`: 64 Ki f32 = 256 KiB in 16 chunks of 16 KiB.
+const DENSE_LEN: usize = 1 << 16;
 /// Saves one child makes at most before it stops by itself.
 const CHILD_STEPS: u64 = 2_000;
 
@@ -65,8 +73,24 @@ fn check_version(store: &Store, refname: &str) -> u64 {
         expected_w(step).into_dyn(),
         "{refname}: data of step {step}"
     );
+    let d = snap
+        .get::<f32>("d")
+        .unwrap_or_else(|e| panic!("{refname}: {e}"));
+    assert!(
+        common::same_bits(&d, &common::dense_weights(DENSE_LEN, step as usize)),
+        "{refname}: dense data of step {step}"
+    );
     assert_eq!(snap.message(), format!("step {step}"));
     step
+}
+
+/// The line a child prints once a save is done: the step, the version's hash, and the
+/// save's chunk bytes stored and raw.
+fn report_save(step: u64, hash: ContentHash, stats: &SaveStats) {
+    println!(
+        "saved {step} {hash} {} {}",
+        stats.chunk_bytes_stored, stats.chunk_bytes_raw
+    );
 }
 
 /// Run by the parent as a child process: open the repository, continue from its HEAD,
@@ -88,12 +112,16 @@ fn child_saves_in_a_loop() {
         }
         None => {
             store.insert("w", &Array1::<f32>::zeros(LEN)).unwrap();
+            store
+                .insert("d", &common::dense_weights(DENSE_LEN, 0))
+                .unwrap();
             store.insert("step", &ndarray::arr0(0u64)).unwrap();
             store.commit("step 0").unwrap();
-            store.save().unwrap();
-            println!(
-                "saved 0 {}",
-                store.version_hash(store.head().unwrap()).unwrap()
+            let stats = store.save().unwrap();
+            report_save(
+                0,
+                store.version_hash(store.head().unwrap()).unwrap(),
+                &stats,
             );
             0
         }
@@ -107,6 +135,9 @@ fn child_saves_in_a_loop() {
         store
             .update_range::<f32>("w", c * per..(c + 1) * per, |_, xs| xs.fill(step as f32))
             .unwrap();
+        store
+            .write("d", &common::dense_weights(DENSE_LEN, step as usize))
+            .unwrap();
         store.write("step", &ndarray::arr0(step)).unwrap();
         let id = store.commit(&format!("step {step}")).unwrap();
         if step % 7 == 0 {
@@ -114,8 +145,8 @@ fn child_saves_in_a_loop() {
         }
         if background {
             if let Some((s, v, p)) = pending.take() {
-                p.wait().unwrap();
-                println!("saved {s} {}", store.version_hash(v).unwrap());
+                let stats = p.wait().unwrap();
+                report_save(s, store.version_hash(v).unwrap(), &stats);
             }
             if step % 7 == 0 {
                 store.gc_with(&GcOptions::immediate()).unwrap();
@@ -123,11 +154,11 @@ fn child_saves_in_a_loop() {
             pending = Some((step, id, store.save_in_background().unwrap()));
             continue;
         }
-        store.save().unwrap();
+        let stats = store.save().unwrap();
         if step % 7 == 0 {
             store.gc_with(&GcOptions::immediate()).unwrap();
         }
-        println!("saved {step} {}", store.version_hash(id).unwrap());
+        report_save(step, store.version_hash(id).unwrap(), &stats);
     }
 }
 
@@ -143,8 +174,17 @@ impl Rng {
     }
 }
 
-/// One child run, killed after `after`; returns the (step, version hash) it reported.
-fn run_child(dir: &Path, after: Duration, background: bool) -> Vec<(u64, String)> {
+/// A save a child reported: its step, its version's hash, and its chunk bytes stored
+/// and raw.
+struct Reported {
+    step: u64,
+    hash: String,
+    stored: u64,
+    raw: u64,
+}
+
+/// One child run, killed after `after`; returns the saves it reported.
+fn run_child(dir: &Path, after: Duration, background: bool) -> Vec<Reported> {
     let mut command = Command::new(std::env::current_exe().unwrap());
     if background {
         command.env(BACKGROUND_VAR, "1");
@@ -168,11 +208,27 @@ fn run_child(dir: &Path, after: Duration, background: bool) -> Vec<(u64, String)
         for line in BufReader::new(stdout).lines() {
             let Ok(line) = line else { break };
             let mut parts = line.split_whitespace();
-            if let (Some("saved"), Some(step), Some(hash), None) =
-                (parts.next(), parts.next(), parts.next(), parts.next())
-            {
-                if let (Ok(step), 64) = (step.parse::<u64>(), hash.len()) {
-                    let _ = tx.send((step, hash.to_owned()));
+            if let (Some("saved"), Some(step), Some(hash), Some(stored), Some(raw), None) = (
+                parts.next(),
+                parts.next(),
+                parts.next(),
+                parts.next(),
+                parts.next(),
+                parts.next(),
+            ) {
+                if let (Ok(step), 64, Ok(stored), Ok(raw)) = (
+                    step.parse::<u64>(),
+                    hash.len(),
+                    stored.parse::<u64>(),
+                    raw.parse::<u64>(),
+                ) {
+                    let hash = hash.to_owned();
+                    let _ = tx.send(Reported {
+                        step,
+                        hash,
+                        stored,
+                        raw,
+                    });
                 }
             }
         }
@@ -211,6 +267,8 @@ fn kill_children(background: bool) {
     let mut last_reported: Option<(u64, String)> = None;
     let mut kills = 0;
     let mut total_reported = 0;
+    // Chunk bytes stored and raw of the reported saves after the first.
+    let (mut stored, mut raw) = (0, 0);
     // Bounded: at most 10 kills and about 8 s of children, or until the children have
     // reported at least 3 saves, within 60 s: a child needs some milliseconds to start
     // before it saves, and on a loaded machine a kill can come before its first save.
@@ -223,11 +281,15 @@ fn kill_children(background: bool) {
         let reported = run_child(dir.path(), after, background);
         kills += 1;
         total_reported += reported.len();
+        for r in reported.iter().filter(|r| r.step > 0) {
+            stored += r.stored;
+            raw += r.raw;
+        }
         let store = Store::open_with(dir.path(), config())
             .unwrap_or_else(|e| panic!("reopen after kill {kills} (seed {seed}): {e}"));
         store.verify().unwrap();
         if let Some(last) = reported.last() {
-            last_reported = Some(last.clone());
+            last_reported = Some((last.step, last.hash.clone()));
         }
         let Some((step, hash)) = &last_reported else {
             continue;
@@ -242,9 +304,9 @@ fn kill_children(background: bool) {
         // Every reported version that no prune may have dropped: the child keeps the
         // last three versions when it prunes, and a prune issued just before the kill
         // may be on disk already (the retention asked for it), so the last two.
-        for (s, h) in &reported {
-            if s + 2 > *step {
-                assert_eq!(check_version(&store, h), *s, "seed {seed}");
+        for r in &reported {
+            if r.step + 2 > *step {
+                assert_eq!(check_version(&store, &r.hash), r.step, "seed {seed}");
             }
         }
     }
@@ -253,5 +315,14 @@ fn kill_children(background: bool) {
         total_reported >= 3,
         "the children reported {total_reported} saves in {kills} runs: too few to test"
     );
-    eprintln!("{kills} kills, {total_reported} saves reported (seed {seed})");
+    // The dense steps were stored as deltas: raw or byte planes alone take most of
+    // their bytes.
+    assert!(
+        stored * 2 < raw,
+        "dense saves stored {stored} chunk bytes of {raw} raw: no deltas (seed {seed})"
+    );
+    eprintln!(
+        "{kills} kills, {total_reported} saves reported, {stored} chunk bytes stored of {raw} \
+         raw (seed {seed})"
+    );
 }
