@@ -24,7 +24,15 @@ pub const VALUES: [f32; 5] = [0.0, 1.0, 2.0, 3.0, -1.0];
 pub struct Arr {
     pub shape: Vec<usize>,
     pub data: Vec<f32>,
+    /// The chunk size the store's tensor was made with: [`CHUNK_BYTES`] (the store's
+    /// config), or [`DENSE_CHUNK_BYTES`] for a tensor inserted with its own layout.
+    pub chunk_bytes: usize,
 }
+
+/// Chunk size of the dense tensor some tests insert with a layout of its own: an XOR
+/// delta of a dense step codes to about a third of a 1 KiB chunk, where a
+/// [`CHUNK_BYTES`] chunk never pays for a delta's header.
+pub const DENSE_CHUNK_BYTES: usize = 1024;
 
 impl Arr {
     pub fn ramp(shape: &[usize], seed: usize) -> Arr {
@@ -34,6 +42,34 @@ impl Arr {
             data: (0..n)
                 .map(|i| VALUES[(i / 7 + seed) % VALUES.len()])
                 .collect(),
+            chunk_bytes: CHUNK_BYTES,
+        }
+    }
+
+    /// A dense tensor of `elems` elements in [`DENSE_CHUNK_BYTES`] chunks at training
+    /// step `step`: element `i` is a fixed float with `step * (1 + i % 3)` added to its
+    /// bits, so two steps differ in every element (and in every chunk, at any chunk
+    /// size), while near steps differ only in the low mantissa bits, as a small dense
+    /// training step does: a save stores them as XOR deltas.
+    pub fn dense(elems: usize, step: usize) -> Arr {
+        let data = (0..elems)
+            .map(|i| {
+                let mut h = (i as u32).wrapping_mul(0x9e37_79b9);
+                h = (h ^ (h >> 16)).wrapping_mul(0x85eb_ca6b);
+                h = (h ^ (h >> 13)).wrapping_mul(0xc2b2_ae35);
+                h ^= h >> 16;
+                // Sign and exponent from `i` (magnitudes 2^-4 to 2^3), mantissa from the
+                // hash; the step moves the low bits.
+                let sign = (i as u32 & 1) << 31;
+                let exp = (123 + (i as u32 / 2) % 8) << 23;
+                let bits = sign | exp | (h >> 9);
+                f32::from_bits(bits + step as u32 * (1 + i as u32 % 3))
+            })
+            .collect();
+        Arr {
+            shape: vec![elems],
+            data,
+            chunk_bytes: DENSE_CHUNK_BYTES,
         }
     }
 
@@ -45,7 +81,7 @@ impl Arr {
     /// Elements per chunk, as documented: whole rows of the outermost axis when a row
     /// fits in a chunk, else as many elements as fit.
     pub fn chunk_elems(&self) -> usize {
-        let per = CHUNK_BYTES / 4;
+        let per = self.chunk_bytes / 4;
         if let Some((_, rest)) = self.shape.split_first() {
             let row: usize = rest.iter().product();
             if row > 0 && row <= per {
@@ -68,6 +104,7 @@ impl Arr {
         Arr {
             shape: self.shape.clone(),
             data: chunks.concat(),
+            chunk_bytes: self.chunk_bytes,
         }
     }
 
