@@ -17,6 +17,15 @@ const COLS: usize = 256;
 /// 64 KiB, 4 chunks), after `steps` dense AdamW-like steps, each committed. Returns the
 /// deep copies of every version.
 fn dense(budget: Option<usize>, steps: usize) -> (Store, Vec<Kept>) {
+    dense_with(budget, steps, |_| {})
+}
+
+/// [`dense`], calling `after` with the store after each commit.
+fn dense_with(
+    budget: Option<usize>,
+    steps: usize,
+    mut after: impl FnMut(&Store),
+) -> (Store, Vec<Kept>) {
     let mut s = Store::with_config(Config {
         chunk_bytes: 16 * 1024,
         memory_budget: budget,
@@ -41,6 +50,7 @@ fn dense(budget: Option<usize>, steps: usize) -> (Store, Vec<Kept>) {
         s.zip_update::<f32, _, _>("w", &m, |w, m| w - 1e-3 * m)
             .unwrap();
         let v = s.commit(&format!("step {step}")).unwrap();
+        after(&s);
         copies.push((v, s.get::<f32>("w").unwrap(), s.get::<f32>("m").unwrap()));
     }
     (s, copies)
@@ -128,31 +138,10 @@ fn commits_faster_than_the_encoder_keep_the_raw_bytes_near_twice_the_budget() {
     // committed while the running pass was planned and for HEAD and the working state.
     let budget = 128 * 1024;
     let model = 2 * ROWS * COLS * 4;
-    let mut s = Store::with_config(Config {
-        chunk_bytes: 16 * 1024,
-        memory_budget: Some(budget),
-        ..Config::default()
-    })
-    .unwrap();
-    s.insert("w", &Array2::<f32>::from_elem((ROWS, COLS), 0.5))
-        .unwrap();
-    s.insert("m", &Array2::<f32>::zeros((ROWS, COLS))).unwrap();
-    s.commit("init").unwrap();
-    let mut copies = Vec::new();
     let mut peak = 0;
-    for step in 0..60 {
-        let g = Array2::from_shape_fn((ROWS, COLS), |(i, j)| {
-            (((i * 31 + j * 17 + step * 7) % 101) as f32 - 50.0) * 1e-4
-        });
-        s.zip_update::<f32, _, _>("m", &g, |m, g| 0.9 * m + 0.1 * g)
-            .unwrap();
-        let m = s.get::<f32>("m").unwrap();
-        s.zip_update::<f32, _, _>("w", &m, |w, m| w - 1e-3 * m)
-            .unwrap();
-        let v = s.commit(&format!("step {step}")).unwrap();
-        copies.push((v, s.get::<f32>("w").unwrap(), m));
+    let (s, copies) = dense_with(Some(budget), 60, |s| {
         peak = peak.max(s.stats().heap_bytes);
-    }
+    });
     assert!(
         peak <= 2 * budget + 4 * model,
         "raw bytes held peaked at {peak}, past twice the budget ({budget}) and four models"

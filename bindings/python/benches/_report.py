@@ -5,6 +5,7 @@ tab-separated table of the Rust `bench_report` (`scenario`, `metric`, `baseline`
 from __future__ import annotations
 
 import gc
+import os
 import statistics
 import sys
 import time
@@ -25,6 +26,15 @@ def median_pair(base_fn, store_fn, reps: int, setup=None) -> tuple[float, float]
             if r > 0:
                 out.append(dt)
     return statistics.median(tb), statistics.median(ts)
+
+
+def disk_bytes(path: str) -> int:
+    """Bytes of every file under `path`."""
+    total = 0
+    for root, _, files in os.walk(path):
+        for f in files:
+            total += os.path.getsize(os.path.join(root, f))
+    return total
 
 
 class Report:

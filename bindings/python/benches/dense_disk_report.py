@@ -40,17 +40,9 @@ from pathlib import Path
 import numpy as np
 
 import tensor_history as th
-from _report import Report
+from _report import Report, disk_bytes
 
 CHUNK = th.DEFAULT_CHUNK_BYTES
-
-
-def disk_bytes(path: str) -> int:
-    total = 0
-    for root, _, files in os.walk(path):
-        for f in files:
-            total += os.path.getsize(os.path.join(root, f))
-    return total
 
 
 def load(path: Path, dtype: str) -> dict:

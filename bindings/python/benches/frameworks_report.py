@@ -50,18 +50,10 @@ for _k, _v in {"TF_CPP_MIN_LOG_LEVEL": "2", "TF_NUM_INTEROP_THREADS": "1",
 import numpy as np  # noqa: E402
 
 import tensor_history as th  # noqa: E402
-from _report import Report, median_pair  # noqa: E402
+from _report import Report, disk_bytes, median_pair  # noqa: E402
 
 CHUNK = th.DEFAULT_CHUNK_BYTES
 NVARS = 64
-
-
-def disk_bytes(path: str) -> int:
-    total = 0
-    for root, _, files in os.walk(path):
-        for f in files:
-            total += os.path.getsize(os.path.join(root, f))
-    return total
 
 
 def sparse_slots(shapes: list, frac: float, seed: int) -> list:
