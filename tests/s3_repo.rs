@@ -27,13 +27,22 @@ const CONFLICT: i32 = 3;
 const N: usize = 64 * 1024; // f32 elements of the shared tensor: 256 KiB.
 
 fn values(seed: u64, n: usize) -> ArrayD<f32> {
-    Array::from_shape_vec(
-        IxDyn(&[n]),
-        (0..n)
-            .map(|i| ((i as u64).wrapping_mul(2_654_435_761) ^ seed.wrapping_mul(97)) as f32)
-            .collect(),
-    )
-    .unwrap()
+    // Pseudo-random bits (splitmix64 of seed and index; no NaN, so arrays compare equal):
+    // incompressible, so a pack stores them raw and an upload is as large as the data,
+    // which the outage and kill tests need to cut it part-way.
+    let bits = |i: u64| {
+        let mut z = seed
+            .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+            .wrapping_add(i.wrapping_mul(0xBF58_476D_1CE4_E5B9));
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        let mut r = ((z ^ (z >> 31)) >> 32) as u32;
+        if (r >> 23) & 0xff == 0xff {
+            r ^= 1 << 23;
+        }
+        f32::from_bits(r)
+    };
+    Array::from_shape_vec(IxDyn(&[n]), (0..n as u64).map(bits).collect()).unwrap()
 }
 
 /// Read every tensor of every branch tip of a freshly opened store (each chunk is fetched
