@@ -321,10 +321,12 @@ def test_a_second_save_with_1_percent_changed_writes_about_1_percent_of_the_byte
     first, second, dense, v2 = open(out).read().split()
     first, second, dense = int(first), int(second), int(dense)
     model = ROWS * COLS * 4
-    assert first >= model, (first, model)
+    # every chunk written, byte-plane coded (random float32 weights code to about 0.84
+    # of their bytes: at least half of the model in any case)
+    assert first >= model // 2, (first, model)
     # one chunk of 256 KiB of 128, plus index and manifests
     assert second < 0.02 * first, (second, first)
-    assert dense >= model, (dense, model)
+    assert dense >= model // 2, (dense, model)
     s = th.Store.open(repo)
     assert [e.message for e in s.log("main")] == ["dense", "second", "first"]
     assert s.metadata(v2) == {"step": 2}
