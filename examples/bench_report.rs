@@ -48,7 +48,7 @@ use std::time::{Duration, Instant};
 
 use ndarray::{ArrayView2, ArrayViewMut2};
 use rayon::prelude::*;
-use tensor_history::{Config, Store, DEFAULT_CHUNK_BYTES};
+use tensor_history::{Config, Store, VersionId, DEFAULT_CHUNK_BYTES};
 
 mod repo_bench;
 mod timing;
@@ -390,24 +390,7 @@ fn dense_rows(
         }
         Ok(())
     };
-    let mut base = || {
-        let mut s = store.borrow_mut();
-        timed(|| {
-            s.restore(head)?;
-            read(&s)
-        })
-    };
-    let mut st = || {
-        let mut s = store.borrow_mut();
-        // Back to HEAD, and drop the decoded bytes the last run kept.
-        s.restore(head)?;
-        s.enforce_memory_budget();
-        timed(|| {
-            s.restore(old)?;
-            read(&s)
-        })
-    };
-    let m = interleave(reps, &mut [&mut base, &mut st])?;
+    let m = restore_raw_vs_encoded(&store, head, old, &read, reps)?;
     report.add("restore_encoded", "ms", m[0], m[1]);
     {
         // Where an encoded restore's time goes: decoding (loading every chunk), then the
@@ -559,23 +542,7 @@ fn minilm_rows(dir: &std::path::Path, opts: &Opts, reps: usize, report: &mut Rep
             Ok(())
         };
         let store = std::cell::RefCell::new(s);
-        let mut base = || {
-            let mut s = store.borrow_mut();
-            timed(|| {
-                s.restore(head)?;
-                read(&s)
-            })
-        };
-        let mut st = || {
-            let mut s = store.borrow_mut();
-            s.restore(head)?;
-            s.enforce_memory_budget();
-            timed(|| {
-                s.restore(old)?;
-                read(&s)
-            })
-        };
-        let m = interleave(reps, &mut [&mut base, &mut st])?;
+        let m = restore_raw_vs_encoded(&store, head, old, &read, reps)?;
         report.add(restore_row, "ms", m[0], m[1]);
         let mut s = store.into_inner();
         let mut cpu = Vec::new();
@@ -653,6 +620,35 @@ fn fmt_num(v: f64) -> String {
     } else {
         format!("{v:.6}")
     }
+}
+
+/// Medians of a restore of `head` (held raw) and then `read`, against the same of `old`
+/// (held encoded), interleaved: the two sides of `restore_encoded`.
+fn restore_raw_vs_encoded(
+    store: &std::cell::RefCell<Store>,
+    head: VersionId,
+    old: VersionId,
+    read: &dyn Fn(&Store) -> Res<()>,
+    reps: usize,
+) -> Res<Vec<f64>> {
+    let mut base = || {
+        let mut s = store.borrow_mut();
+        timed(|| {
+            s.restore(head)?;
+            read(&s)
+        })
+    };
+    let mut st = || {
+        let mut s = store.borrow_mut();
+        // Back to HEAD, and drop the decoded bytes the last run kept.
+        s.restore(head)?;
+        s.enforce_memory_budget();
+        timed(|| {
+            s.restore(old)?;
+            read(&s)
+        })
+    };
+    interleave(reps, &mut [&mut base, &mut st])
 }
 
 fn main() -> Res<()> {
