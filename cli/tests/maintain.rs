@@ -84,15 +84,21 @@ fn prune_keep_best_max_and_keep_last_combine() {
     );
 }
 
-#[test]
-fn gc_dry_run_changes_nothing_and_gc_frees_pruned_data() {
-    let (_d, repo, _) = sample_repo();
+/// The sample repository with branch `alt` deleted and all but HEAD pruned: data for gc.
+fn pruned_sample_repo() -> (tempfile::TempDir, std::path::PathBuf) {
+    let (d, repo, _) = sample_repo();
     th(Some(&repo), &["delete", "alt"]).ok();
     th(
         Some(&repo),
         &["prune", "--keep-last", "1", "--drop-unreachable"],
     )
     .ok();
+    (d, repo)
+}
+
+#[test]
+fn gc_dry_run_changes_nothing_and_gc_frees_pruned_data() {
+    let (_d, repo) = pruned_sample_repo();
     let before = files(&repo);
     let bytes_before = dir_bytes(&repo);
     let v = th(Some(&repo), &["--json", "gc", "--dry-run", "--grace", "0"])
@@ -115,13 +121,7 @@ fn gc_dry_run_changes_nothing_and_gc_frees_pruned_data() {
 
 #[test]
 fn gc_delete_within_sets_the_runs_deletion_deadline_and_zero_is_refused() {
-    let (_d, repo, _) = sample_repo();
-    th(Some(&repo), &["delete", "alt"]).ok();
-    th(
-        Some(&repo),
-        &["prune", "--keep-last", "1", "--drop-unreachable"],
-    )
-    .ok();
+    let (_d, repo) = pruned_sample_repo();
     let before = files(&repo);
     // refused by the argument parser (its own usage message), before anything is opened
     let out = th(Some(&repo), &["gc", "--grace", "0", "--delete-within", "0"]);
