@@ -123,7 +123,7 @@ def test_a_due_checkpoint_is_deferred_while_one_is_in_flight_never_stacked(tmp_p
     rec.started[0][1].wait()  # it ends; the next kept step starts the deferred one
     kept.append(kept_step(tr, model, opt, rng))
     assert [v for v, _ in rec.started] == [kept[1], kept[5]]
-    # the count starts again from there: one more kept step is not due
+    # it covers the 6th kept step; the 7th is not due (the next due step is the 8th)
     kept.append(kept_step(tr, model, opt, rng))
     assert len(rec.started) == 2
     # a commit() counts as a kept step too
@@ -151,6 +151,29 @@ def test_close_writes_a_due_checkpoint_that_was_deferred(tmp_path):
     tr.close()
     r = th.Store.open(tmp_path / "run")
     assert r.version_hash(r.head()) == want
+
+
+def test_a_deferral_does_not_move_the_later_due_steps(tmp_path):
+    # Due at the 3rd, 6th and 9th kept step. The first is in flight until after the
+    # 6th, so the 7th starts the deferred one; the 9th is due all the same (deferred
+    # while the second is in flight) and close() writes it: the repository ends at the
+    # 9th kept step however slow the writer was.
+    model, opt = make()
+    tr = th.torch.track(model, opt, path=tmp_path / "run")
+    rec = Recording(tr.store)
+    tr.store = rec
+    tr.checkpoint_every(3)
+    rng = np.random.default_rng(5)
+    kept = [kept_step(tr, model, opt, rng) for _ in range(6)]
+    assert [v for v, _ in rec.started] == [kept[2]]
+    rec.started[0][1].wait()
+    kept += [kept_step(tr, model, opt, rng) for _ in range(3)]
+    assert [v for v, _ in rec.started] == [kept[2], kept[6]]
+    want = tr.store.version_hash(kept[8])
+    tr.close()
+    r = th.Store.open(tmp_path / "run")
+    assert r.version_hash(r.head()) == want
+    assert len(r.log()) == 1 + 9
 
 
 def moved_by_another_store(path) -> None:

@@ -148,11 +148,14 @@ class Tracker:
         self._held: List[Any] = []
         self._synced_head: Optional[Version] = None
         self._extras: Dict[Version, Any] = {}
-        # checkpoint_every(): every how many kept steps, the save in flight, and the kept
-        # steps since the last checkpoint started.
+        # checkpoint_every(): every how many kept steps, the save in flight, the kept
+        # steps counted since checkpoint_every() was called, and how many of them the
+        # last checkpoint started covers. Checkpoints fall due at multiples of the
+        # period, so a deferred one does not shift the ones after it.
         self._ckpt_every: Optional[int] = None
         self._ckpt_pending: Optional[PendingSave] = None
-        self._ckpt_since = 0
+        self._ckpt_kept = 0
+        self._ckpt_covered = 0
         head = self.store.head()
         held = head is not None and any(
             n.startswith(self.MODEL_PREFIX) for n in self.store.snapshot(head))
@@ -604,10 +607,13 @@ class Tracker:
         the versions to write, O(versions), with no copy of the model; a writer thread
         writes only the chunks the repository lacks while training goes on.
 
-        At most one checkpoint is in flight: one that falls due while the previous one
-        still writes is **deferred**, never stacked and never waited for; it starts at
-        the first kept step after the previous one ended, and writes every version kept
-        since (so no kept step is left out, only later). Errors are never dropped: a
+        Checkpoints fall due at the `n`-th, `2n`-th, ... kept step. At most one is in
+        flight: one that falls due while the previous one still writes is **deferred**,
+        never stacked and never waited for; it starts at the first kept step after the
+        previous one ended, and writes every version kept since (so no kept step is left
+        out, only later). A deferral does not move the later due steps, and ``close()``
+        writes a due checkpoint still deferred, so what is saved at the end does not
+        depend on how fast the writer was. Errors are never dropped: a
         checkpoint's error (``StorageError``, ``BranchMoved``, ...) is raised by the next
         ``keep()`` or ``commit()`` after it ended, before that call commits anything
         (the call changes nothing; call it again to go on, as the next checkpoint will
@@ -625,7 +631,8 @@ class Tracker:
         if path is not None:
             self.save(path)
         self._ckpt_every = n
-        self._ckpt_since = 0
+        self._ckpt_kept = 0
+        self._ckpt_covered = 0
 
     def _checkpoint_outcome(self, wait: bool = False) -> None:
         """Raise the error of a checkpoint that ended (with `wait`: after waiting for the
@@ -636,19 +643,25 @@ class Tracker:
         self._ckpt_pending = None
         p.wait()
 
+    def _checkpoint_due(self) -> bool:
+        """Whether a due step (a multiple of the period) is past what the last started
+        checkpoint covers."""
+        n = self._ckpt_every
+        return n is not None and (self._ckpt_kept // n) * n > self._ckpt_covered
+
     def _checkpoint_after_commit(self) -> None:
         """Count a kept step; start the checkpoint that is due unless one is in flight."""
         if self._ckpt_every is None:
             return
-        self._ckpt_since += 1
-        if self._ckpt_since < self._ckpt_every:
+        self._ckpt_kept += 1
+        if not self._checkpoint_due():
             return
         p = self._ckpt_pending
         if p is not None and not p.done():
             return  # deferred: the first kept step after it ended starts it
         self._checkpoint_outcome()
         self._ckpt_pending = self.store.save(background=True)
-        self._ckpt_since = 0
+        self._ckpt_covered = self._ckpt_kept
 
     def close(self) -> None:
         """End the tracker's use: wait for the checkpoint in flight, write a checkpoint
@@ -658,9 +671,9 @@ class Tracker:
         ``save()`` first for those. Also the end of ``with track(...) as tracker:``."""
         try:
             self._checkpoint_outcome(wait=True)
-            if self._ckpt_every is not None and self._ckpt_since >= self._ckpt_every:
+            if self._checkpoint_due():
                 self.store.save()
-                self._ckpt_since = 0
+                self._ckpt_covered = self._ckpt_kept
         finally:
             self.store.close()
 
