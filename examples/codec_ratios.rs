@@ -16,6 +16,8 @@
 //! Output: one tab-separated line per sequence and method: raw bytes, coded bytes, and
 //! raw / coded; then single-thread encode and decode rates of the codec (noise on a
 //! loaded machine: compare only the ratios). Every coded chunk is decoded and compared.
+//! A sequence whose checkpoints are not all there (`--steps 10` writes the first only)
+//! is skipped with a note.
 //!
 //! ```text
 //! HF_HUB_OFFLINE=1 python bindings/python/benches/minilm_checkpoints.py /tmp/ckpt --steps 50
@@ -78,6 +80,11 @@ fn main() -> Result<(), Box<dyn Error>> {
     println!("sequence\tdtype\tmethod\traw_bytes\tcoded_bytes\tratio");
     let (mut enc_time, mut dec_time, mut timed_bytes) = (Duration::ZERO, Duration::ZERO, 0usize);
     for (seq, steps) in &seqs {
+        let last = dir.join(format!("step-{:04}.safetensors", steps[steps.len() - 1]));
+        if !last.exists() {
+            eprintln!("{seq}: skipped ({} is missing)", last.display());
+            continue;
+        }
         for bf16 in [false, true] {
             let dtype = if bf16 { "bf16" } else { "f32" };
             let width = if bf16 { 2 } else { 4 };

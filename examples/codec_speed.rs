@@ -11,7 +11,8 @@
 //! Times are the thread's CPU time (`CLOCK_THREAD_CPUTIME_ID`), so that other programs
 //! on a loaded machine do not count: per-core rates. Last, for each bound `K` on the
 //! deltas of a chain, what versions cost on average when a chain is a full chunk and `K`
-//! deltas: encoded bytes and decode time per version.
+//! deltas: encoded bytes and decode time per version. Encoding is timed too: a full
+//! chunk and a delta, per core.
 //!
 //! ```text
 //! cargo run --release --example codec_speed [-- --width 2] [--reps 200]
@@ -117,6 +118,25 @@ fn main() {
         t_hash * 1e6,
         len as f64 / t_hash / 1e9
     );
+    // Encoding (what a save spends per chunk): the full chunk, and a delta on its
+    // predecessor, each chosen by `encode` as a save chooses.
+    let t_enc_full = time(&mut || {
+        black_box(encode(black_box(&raws[0]), width, None));
+    });
+    let t_enc_delta = time(&mut || {
+        black_box(encode(
+            black_box(&raws[1]),
+            width,
+            Some((&ids[0], &raws[0])),
+        ));
+    });
+    println!(
+        "encode: full {:.1} us ({:.2} GB/s), delta {:.1} us ({:.2} GB/s)",
+        t_enc_full * 1e6,
+        len as f64 / t_enc_full / 1e9,
+        t_enc_delta * 1e6,
+        len as f64 / t_enc_delta / 1e9
+    );
     // Each plane of the full chunk and of the first delta: stored bytes and the time
     // of decompressing it alone (zstd planes).
     for (k, l) in links[..2].iter().enumerate() {
@@ -126,8 +146,29 @@ fn main() {
             let sl = h.plane_lens[p] as usize;
             let src = &l.as_bytes()[at..at + sl];
             at += sl;
+            // The plane itself, to time compressing it (what the encoder tries).
+            let n = len / h.width;
+            let mut plane = vec![0u8; n];
+            for (i, b) in plane.iter_mut().enumerate() {
+                let at = i * h.width + p;
+                *b = raws[k][at] ^ if k == 0 { 0 } else { raws[k - 1][at] };
+            }
+            // The codec's settings (see `codec::ZSTD_LEVEL`).
+            use zstd::zstd_safe::{CParameter, ParamSwitch};
+            let mut c =
+                zstd::bulk::Compressor::new(tensor_history::codec::ZSTD_LEVEL).expect("zstd");
+            c.set_parameter(CParameter::MinMatch(tensor_history::codec::ZSTD_MIN_MATCH))
+                .expect("zstd");
+            c.set_parameter(CParameter::LiteralCompressionMode(ParamSwitch::Enable))
+                .expect("zstd");
+            let tc = time(&mut || {
+                black_box(c.compress(black_box(&plane)).expect("compress"));
+            });
             if h.raw_planes >> p & 1 == 1 {
-                println!("link {k} plane {p}: raw {sl} bytes");
+                println!(
+                    "link {k} plane {p}: raw {sl} bytes (compress tried {:.1} us)",
+                    tc * 1e6
+                );
                 continue;
             }
             let mut out = vec![0u8; len / h.width];
@@ -137,8 +178,9 @@ fn main() {
                 black_box(&out);
             });
             println!(
-                "link {k} plane {p}: zstd {sl} bytes ({:.3}), {:.1} us ({:.2} GB/s)",
+                "link {k} plane {p}: zstd {sl} bytes ({:.3}), compress {:.1} us, decompress {:.1} us ({:.2} GB/s)",
                 sl as f64 / out.len() as f64,
+                tc * 1e6,
                 t * 1e6,
                 out.len() as f64 / t / 1e9
             );

@@ -61,15 +61,24 @@ use crate::hash::ContentHash;
 /// The codec version in the first byte of every encoded chunk.
 pub const CODEC_VERSION: u8 = 2;
 
-/// zstd level of [`encode`]: 3, zstd's default (ratios on training checkpoints in
-/// `benches/README.md`).
-pub const ZSTD_LEVEL: i32 = 3;
+/// zstd level of [`encode`]: -20, a fast level (match search that skips ahead over
+/// bytes without matches), with Huffman-coded literals switched on ([`compress_plane`];
+/// negative levels leave literals raw by default). A plane's gain is in its literals'
+/// entropy (the sign and exponent plane, a delta's high mantissa plane) and in long runs
+/// of zero bytes (a delta's top planes), which a fast search still finds. On ten
+/// consecutive all-MiniLM-L6-v2 checkpoints (`examples/codec_ratios`) it codes f32 to
+/// 2.785x and bf16 to 4.920x at 534 MB/s per core, where level 3 gave 2.779x, 4.879x at
+/// 237 MB/s (levels 1 and -5: 2.781x/373 MB/s and 2.785x/443 MB/s; -100 loses 0.4%).
+/// What it gives up: matches in periodic integer data (an `i16` ramp of 3000 elements
+/// codes to 1687 bytes, 392 at level 1), small buffers next to a model's floats.
+pub const ZSTD_LEVEL: i32 = -20;
 
-/// zstd's shortest match in [`encode`]'s planes: 7, zstd's longest setting (level 3
-/// uses 5). A plane's matches are runs of zero bytes (a delta's high planes), long
-/// anyway; in the noisy planes (a delta's second plane: a few low bits of each element)
-/// short matches save little and make decoding run zstd's sequence decoder over most of
-/// the plane instead of its Huffman literal decoder.
+/// zstd's shortest match in [`encode`]'s planes: 7, zstd's longest setting. A plane's
+/// matches are runs of zero bytes (a delta's high planes), long anyway; in the noisy
+/// planes (a delta's second plane: a few low bits of each element) short matches save
+/// little, cost the encoder time on the sign and exponent plane, and make decoding run
+/// zstd's sequence decoder over most of the plane instead of its Huffman literal
+/// decoder.
 pub const ZSTD_MIN_MATCH: u32 = 7;
 
 /// A coded chunk is kept only if it is at most `len - len / MIN_SAVING_DIVISOR` bytes
@@ -80,7 +89,7 @@ pub const MIN_SAVING_DIVISOR: usize = 25;
 /// bytes (it saves at least 4%); otherwise it is stored raw. Measured on f32 chunks of
 /// pseudo-random weights and of their XOR deltas after dense steps (256 KiB chunks):
 /// planes compress either not at all (the low mantissa planes: frames 10 bytes longer
-/// than the plane) or by 13% and more (full chunk: 0.865 and 0.405 of the plane for the
+/// than the plane) or by 13% and more (full chunk: 0.865 and 0.34 of the plane for the
 /// low mantissa and sign/exponent planes; delta: 0.53, 0.02 and 0.0003), so any
 /// threshold from 1% to 13% picks the same planes.
 pub const MIN_PLANE_SAVING_DIVISOR: usize = 25;
@@ -420,8 +429,30 @@ fn plane_width(width: usize) -> usize {
     }
 }
 
-/// `dst` := the byte planes of `src ^ base` (or of `src`), trailing bytes last.
+/// `dst` := the byte planes of `src ^ base` (or of `src`), trailing bytes last. With
+/// AVX2 the same loops are compiled for it (byte shuffles across whole registers): the
+/// baseline x86-64 build gathers bytes with SSE2 unpacks at about a third of the speed.
 fn split_planes(src: &[u8], base: Option<&[u8]>, width: usize, dst: &mut [u8]) {
+    #[cfg(all(target_arch = "x86_64", not(miri)))]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        #[allow(unsafe_code)]
+        // SAFETY: the CPU has AVX2, checked just above.
+        unsafe {
+            return split_planes_avx2(src, base, width, dst);
+        }
+    }
+    split_planes_any(src, base, width, dst);
+}
+
+#[cfg(all(target_arch = "x86_64", not(miri)))]
+#[allow(unsafe_code)]
+#[target_feature(enable = "avx2")]
+fn split_planes_avx2(src: &[u8], base: Option<&[u8]>, width: usize, dst: &mut [u8]) {
+    split_planes_any(src, base, width, dst);
+}
+
+#[inline(always)]
+fn split_planes_any(src: &[u8], base: Option<&[u8]>, width: usize, dst: &mut [u8]) {
     debug_assert_eq!(src.len(), dst.len(), "planes are as long as the chunk");
     match width {
         2 => split::<2>(src, base, dst),
@@ -437,36 +468,33 @@ fn split_planes(src: &[u8], base: Option<&[u8]>, width: usize, dst: &mut [u8]) {
     }
 }
 
+#[inline(always)]
 fn split<const W: usize>(src: &[u8], base: Option<&[u8]>, dst: &mut [u8]) {
     let n = src.len() / W;
     let (planes, tail) = dst.split_at_mut(n * W);
-    let outs: [&mut [u8]; W] = {
-        let mut rest = planes;
-        std::array::from_fn(|_| {
-            let (a, b) = std::mem::take(&mut rest).split_at_mut(n);
-            rest = b;
-            a
-        })
-    };
-    let body = &src[..n * W];
+    let (body, rest) = src.as_chunks::<W>();
+    // One plane at a time, as a strided gather over whole elements (`[u8; W]`, so no
+    // bounds checks): loops the compiler vectorizes, where one loop storing W planes
+    // per element would not be.
     match base {
         Some(b) => {
-            for (i, (e, be)) in body.chunks_exact(W).zip(b.chunks_exact(W)).enumerate() {
-                for p in 0..W {
-                    outs[p][i] = e[p] ^ be[p];
+            let (bbody, brest) = b.as_chunks::<W>();
+            for (p, out) in planes.chunks_exact_mut(n.max(1)).enumerate().take(W) {
+                for ((o, e), be) in out.iter_mut().zip(body).zip(bbody) {
+                    *o = e[p] ^ be[p];
                 }
             }
-            for ((d, s), b) in tail.iter_mut().zip(&src[n * W..]).zip(&b[n * W..]) {
+            for ((d, s), b) in tail.iter_mut().zip(rest).zip(brest) {
                 *d = s ^ b;
             }
         }
         None => {
-            for (i, e) in body.chunks_exact(W).enumerate() {
-                for p in 0..W {
-                    outs[p][i] = e[p];
+            for (p, out) in planes.chunks_exact_mut(n.max(1)).enumerate().take(W) {
+                for (o, e) in out.iter_mut().zip(body) {
+                    *o = e[p];
                 }
             }
-            tail.copy_from_slice(&src[n * W..]);
+            tail.copy_from_slice(rest);
         }
     }
 }
@@ -541,24 +569,29 @@ thread_local! {
         const { RefCell::new(None) };
 }
 
-/// zstd-compress `plane` into a frame, kept only if it is at most `limit` bytes; `None`
-/// if it is longer, or zstd failed (out of memory): the plane is then stored raw.
-fn compress_plane(plane: &[u8], limit: usize) -> Option<Vec<u8>> {
+/// zstd-compress `plane` into `frame` (cleared first), kept only if it is at most
+/// `limit` bytes; `false` if it is longer, or zstd failed (out of memory): the plane is
+/// then stored raw. `frame` keeps its capacity between calls.
+fn compress_plane(plane: &[u8], limit: usize, frame: &mut Vec<u8>) -> bool {
     COMPRESSOR.with(|c| {
         let mut c = c.borrow_mut();
         if c.is_none() {
+            use zstd::zstd_safe::{CParameter, ParamSwitch};
             *c = zstd::bulk::Compressor::new(ZSTD_LEVEL)
                 .ok()
                 .and_then(|mut c| {
-                    c.set_parameter(zstd::zstd_safe::CParameter::MinMatch(ZSTD_MIN_MATCH))
+                    c.set_parameter(CParameter::MinMatch(ZSTD_MIN_MATCH)).ok()?;
+                    c.set_parameter(CParameter::LiteralCompressionMode(ParamSwitch::Enable))
                         .ok()?;
                     Some(c)
                 });
         }
-        let comp = c.as_mut()?;
-        let mut frame = Vec::with_capacity(zstd::zstd_safe::compress_bound(plane.len()));
-        comp.compress_to_buffer(plane, &mut frame).ok()?;
-        (frame.len() <= limit).then_some(frame)
+        let Some(comp) = c.as_mut() else {
+            return false;
+        };
+        frame.clear();
+        frame.reserve(zstd::zstd_safe::compress_bound(plane.len()));
+        comp.compress_to_buffer(plane, frame).is_ok() && frame.len() <= limit
     })
 }
 
@@ -650,37 +683,61 @@ pub fn encode_as(
             bytes,
         };
     }
-    let mut planes = vec![0u8; raw.len()];
-    split_planes(raw, base.map(|b| b.1), width, &mut planes);
     let mut header = Header {
         method,
         base: base.map(|b| *b.0),
         ..raw_header
     };
     let limit = n - n / MIN_PLANE_SAVING_DIVISOR;
-    let mut stored: Vec<Option<Vec<u8>>> = Vec::with_capacity(width);
-    for p in 0..width {
-        let plane = &planes[p * n..(p + 1) * n];
-        let frame = compress_plane(plane, limit);
-        let len = frame.as_ref().map_or(n, Vec::len);
-        // len <= n, checked to fit a u32 above.
-        header.plane_lens[p] = len as u32;
-        if frame.is_none() {
-            header.raw_planes |= 1 << p;
+    with_encode_bufs(|planes, frame| {
+        planes.clear();
+        planes.resize(raw.len(), 0);
+        split_planes(raw, base.map(|b| b.1), width, planes);
+        // The header's plane table is known only once every plane is coded: a
+        // placeholder of the same length first, the header itself last.
+        let hlen = header.len();
+        let mut bytes = Vec::with_capacity(hlen + raw.len());
+        bytes.resize(hlen, 0);
+        for p in 0..width {
+            let plane = &planes[p * n..(p + 1) * n];
+            if compress_plane(plane, limit, frame) {
+                bytes.extend_from_slice(frame);
+            } else {
+                header.raw_planes |= 1 << p;
+                bytes.extend_from_slice(plane);
+            }
+            // At most n bytes, checked to fit a u32 above.
+            header.plane_lens[p] = (bytes.len() - hlen - prefix_len(&header, p)) as u32;
         }
-        stored.push(frame);
+        bytes.extend_from_slice(&planes[n * width..]);
+        let mut head = Vec::with_capacity(hlen);
+        header.write(&mut head);
+        bytes[..hlen].copy_from_slice(&head);
+        Encoded { header, bytes }
+    })
+}
+
+/// Bytes of the planes before plane `p` (their lengths in `header`'s table).
+fn prefix_len(header: &Header, p: usize) -> usize {
+    header.plane_lens[..p].iter().map(|&l| l as usize).sum()
+}
+
+thread_local! {
+    /// The plane buffer and frame buffer of [`encode_as`], kept warm between chunks: a
+    /// save encodes thousands of chunks per thread, and fresh buffers of a chunk's size
+    /// would be mapped and faulted in for each.
+    static ENCODE_BUFS: RefCell<[Vec<u8>; 2]> = const { RefCell::new([Vec::new(), Vec::new()]) };
+}
+
+/// Run `f` with the thread's encode buffers (fresh ones if they are in use), and keep
+/// them for the next call unless they grew past 16 MiB.
+fn with_encode_bufs<R>(f: impl FnOnce(&mut Vec<u8>, &mut Vec<u8>) -> R) -> R {
+    let [mut a, mut b] = ENCODE_BUFS.with(|c| std::mem::take(&mut *c.borrow_mut()));
+    let r = f(&mut a, &mut b);
+    if a.capacity() <= 16 << 20 && b.capacity() <= 16 << 20 {
+        ENCODE_BUFS.with(|c| *c.borrow_mut() = [a, b]);
     }
-    let total: usize = header.plane_lens[..width].iter().map(|&l| l as usize).sum();
-    let mut bytes = Vec::with_capacity(header.len() + total + raw.len() % width);
-    header.write(&mut bytes);
-    for (p, frame) in stored.iter().enumerate() {
-        match frame {
-            Some(f) => bytes.extend_from_slice(f),
-            None => bytes.extend_from_slice(&planes[p * n..(p + 1) * n]),
-        }
-    }
-    bytes.extend_from_slice(&planes[n * width..]);
-    Encoded { header, bytes }
+    r
 }
 
 /// Encode a chunk of elements `width` bytes wide (1, 2, 4 or 8; any other width is
