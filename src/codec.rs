@@ -500,7 +500,28 @@ fn split<const W: usize>(src: &[u8], base: Option<&[u8]>, dst: &mut [u8]) {
 }
 
 /// `dst` := the bytes whose planes (of their XOR with `base`, if given) are `planes`.
+/// Compiled for AVX2 too, used when the CPU has it (as [`split_planes`]).
 fn join_planes(planes: &[u8], base: Option<&[u8]>, width: usize, dst: &mut [u8]) {
+    #[cfg(all(target_arch = "x86_64", not(miri)))]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        #[allow(unsafe_code)]
+        // SAFETY: the CPU has AVX2, checked just above.
+        unsafe {
+            return join_planes_avx2(planes, base, width, dst);
+        }
+    }
+    join_planes_any(planes, base, width, dst);
+}
+
+#[cfg(all(target_arch = "x86_64", not(miri)))]
+#[allow(unsafe_code)]
+#[target_feature(enable = "avx2")]
+fn join_planes_avx2(planes: &[u8], base: Option<&[u8]>, width: usize, dst: &mut [u8]) {
+    join_planes_any(planes, base, width, dst);
+}
+
+#[inline(always)]
+fn join_planes_any(planes: &[u8], base: Option<&[u8]>, width: usize, dst: &mut [u8]) {
     debug_assert_eq!(planes.len(), dst.len(), "planes are as long as the chunk");
     match width {
         2 => join::<2>(planes, base, dst),
@@ -516,6 +537,7 @@ fn join_planes(planes: &[u8], base: Option<&[u8]>, width: usize, dst: &mut [u8])
     }
 }
 
+#[inline(always)]
 fn join<const W: usize>(planes: &[u8], base: Option<&[u8]>, dst: &mut [u8]) {
     let n = planes.len() / W;
     let ins: [&[u8]; W] = std::array::from_fn(|p| &planes[p * n..(p + 1) * n]);
