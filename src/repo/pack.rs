@@ -491,18 +491,53 @@ pub(crate) fn write_pack(
 /// stored bytes each (a chunk larger than that gets a pack of its own), in order:
 /// groups of up to [`PACK_TARGET_BYTES`] raw bytes are loaded (chunks held by a
 /// repository are read first, and so are bases) and encoded in parallel, and their
-/// stored forms gathered until a pack is full. Holds at most about two packs' worth of
-/// raw and stored bytes at a time.
+/// stored forms gathered until a pack is full.
+///
+/// A writer thread writes each full pack and makes it durable (a backend barrier) while
+/// the next group is encoded, so that the device writes and the encoding overlap (the
+/// caller's own barrier then finds the packs synced). Holds at most about three packs'
+/// worth of raw and stored bytes at a time: the group being encoded, the pack being
+/// gathered, and the one being written.
 ///
 /// # Errors
 ///
-/// [`Error::Io`]; a stored chunk's read error.
+/// [`Error::Io`]; a stored chunk's read error. After an error no more packs are
+/// written; those written before stay as garbage, as after a crash.
 pub(crate) fn write_packs<'a>(
     backend: &dyn Backend,
     format: u16,
     chunks: &[NewChunk<'a>],
 ) -> Result<Vec<WrittenPack>> {
-    let mut out = Vec::new();
+    std::thread::scope(|scope| {
+        let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<Stored<'a>>>(1);
+        let writer = scope.spawn(move || -> Result<Vec<WrittenPack>> {
+            let mut out = Vec::new();
+            for pack in rx {
+                out.push(write_pack(backend, format, &pack)?);
+                backend.barrier()?;
+            }
+            Ok(out)
+        });
+        // The writer ended early (an error) when a send fails: stop, and return its error.
+        let gathered = gather_packs(chunks, format, |pack| tx.send(pack).is_ok());
+        drop(tx);
+        let written = writer
+            .join()
+            .unwrap_or_else(|p| std::panic::resume_unwind(p));
+        match (gathered, written) {
+            (Err(e), _) | (Ok(()), Err(e)) => Err(e),
+            (Ok(()), Ok(out)) => Ok(out),
+        }
+    })
+}
+
+/// Load and encode `chunks` group by group, and hand each full pack's stored forms to
+/// `emit` in order (the last one too); stops when `emit` returns `false`.
+fn gather_packs<'a>(
+    chunks: &[NewChunk<'a>],
+    format: u16,
+    mut emit: impl FnMut(Vec<Stored<'a>>) -> bool,
+) -> Result<()> {
     let mut pending: Vec<Stored<'a>> = Vec::new();
     let mut pending_bytes = 0;
     let mut start = 0;
@@ -536,8 +571,9 @@ pub(crate) fn write_packs<'a>(
             .collect();
         for st in store_chunks(format, &jobs) {
             if !pending.is_empty() && pending_bytes + st.bytes.len() > PACK_TARGET_BYTES {
-                out.push(write_pack(backend, format, &pending)?);
-                pending.clear();
+                if !emit(std::mem::take(&mut pending)) {
+                    return Ok(());
+                }
                 pending_bytes = 0;
             }
             pending_bytes += st.bytes.len();
@@ -546,9 +582,9 @@ pub(crate) fn write_packs<'a>(
         start = end;
     }
     if !pending.is_empty() {
-        out.push(write_pack(backend, format, &pending)?);
+        emit(pending);
     }
-    Ok(out)
+    Ok(())
 }
 
 /// The footer offset and length in a pack's last [`PACK_TAIL_LEN`] bytes `tail`, checked
