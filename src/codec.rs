@@ -62,7 +62,7 @@ use crate::hash::ContentHash;
 pub const CODEC_VERSION: u8 = 2;
 
 /// zstd level of [`encode`]: -20, a fast level (match search that skips ahead over
-/// bytes without matches), with Huffman-coded literals switched on ([`compress_plane`];
+/// bytes without matches), with Huffman-coded literals switched on (`compress_plane`;
 /// negative levels leave literals raw by default). A plane's gain is in its literals'
 /// entropy (the sign and exponent plane, a delta's high mantissa plane) and in long runs
 /// of zero bytes (a delta's top planes), which a fast search still finds. On ten

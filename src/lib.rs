@@ -130,6 +130,7 @@ mod render;
 mod repo;
 mod retention;
 mod safetensors;
+mod shards;
 mod snapshot;
 mod stats;
 mod store;
@@ -161,6 +162,8 @@ pub use repo::{
     SaveStats, DEFAULT_DELETE_WITHIN, DEFAULT_GC_GRACE,
 };
 pub use retention::{Goal, KeepBest, PruneStats, Retention};
+pub use safetensors::write_safetensors;
+pub use shards::DCP_METADATA;
 pub use snapshot::Snapshot;
 pub use stats::Stats;
 pub use store::Store;

@@ -160,20 +160,43 @@ impl Snapshot {
     /// On error no file is left at
     /// `path` (an existing one is unchanged) and no temporary file remains.
     pub fn write_safetensors(&self, path: impl AsRef<Path>) -> Result<()> {
-        let (header, order) = header(self.tensors())?;
-        write_atomically(path.as_ref(), |w, io| {
-            w.write_all(&header).map_err(io)?;
-            for (_, tensor) in &order {
-                for chunk in tensor.chunks() {
-                    // A chunk that lives in a repository is read (and checked) here, so
-                    // a damaged repository gives an error, not a panic in `bytes`.
-                    chunk.load()?;
-                    w.write_all(chunk.data()).map_err(io)?;
-                }
-            }
-            Ok(())
-        })
+        write_tensors(self.tensors(), path.as_ref())
     }
+}
+
+/// Write `tensors` (name, tensor) to a `.safetensors` file at `path` (replaced if it
+/// exists), streamed chunk by chunk, atomically, as [`Snapshot::write_safetensors`]
+/// writes a snapshot's variables: for tensors that are not one snapshot's, such as
+/// [`Snapshot::whole_tensors`].
+///
+/// # Errors
+///
+/// Those of [`Snapshot::write_safetensors`]; a name given twice is
+/// [`Error::InvalidArgument`].
+pub fn write_safetensors<'a>(
+    tensors: impl IntoIterator<Item = (&'a str, &'a Tensor)>,
+    path: impl AsRef<Path>,
+) -> Result<()> {
+    write_tensors(tensors.into_iter(), path.as_ref())
+}
+
+pub(crate) fn write_tensors<'a>(
+    tensors: impl Iterator<Item = (&'a str, &'a Tensor)>,
+    path: &Path,
+) -> Result<()> {
+    let (header, order) = header(tensors)?;
+    write_atomically(path, |w, io| {
+        w.write_all(&header).map_err(io)?;
+        for (_, tensor) in &order {
+            for chunk in tensor.chunks() {
+                // A chunk that lives in a repository is read (and checked) here, so a
+                // damaged repository gives an error, not a panic in `bytes`.
+                chunk.load()?;
+                w.write_all(chunk.data()).map_err(io)?;
+            }
+        }
+        Ok(())
+    })
 }
 
 /// The safetensors dtype of a [`DType`].
@@ -210,6 +233,12 @@ fn header<'a>(
     tensors: impl Iterator<Item = (&'a str, &'a Tensor)>,
 ) -> Result<(Vec<u8>, FileOrder<'a>)> {
     let mut order: FileOrder<'a> = tensors.collect();
+    let mut names = std::collections::HashSet::with_capacity(order.len());
+    if let Some((dup, _)) = order.iter().find(|(n, _)| !names.insert(*n)) {
+        return Err(Error::InvalidArgument {
+            reason: format!("the tensor `{dup}` is given twice"),
+        });
+    }
     // The order of `safetensors::serialize`: dtype alignment descending, then name.
     order.sort_by(|(ln, lt), (rn, rt)| {
         to_safetensors_dtype(rt.dtype())

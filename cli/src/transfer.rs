@@ -20,6 +20,11 @@ pub(crate) struct ExportArgs {
     /// The .safetensors file to write (replaced atomically if it exists).
     #[arg(short, long, value_name = "FILE")]
     output: PathBuf,
+    /// For a version saved through torch.distributed.checkpoint: write its shards as
+    /// they are stored (`<name>@<offsets>`, and `.dcp/metadata`) instead of whole
+    /// tensors assembled from them.
+    #[arg(long)]
+    as_stored: bool,
 }
 
 /// `import FILE -m MESSAGE [--meta KEY=VALUE]...`.
@@ -60,26 +65,43 @@ pub(crate) fn export(repo: &Repo, out: &Output, args: &ExportArgs) -> CliResult<
         .store
         .snapshot(id)
         .context(&format!("repository `{}`", repo.location))?;
+    // A version written by the DCP storage layer holds shards: whole tensors are what
+    // one process wants back (see `Snapshot::whole_tensors`).
+    let whole = snap.is_dcp() && !args.as_stored;
     let bar = progress::spinner(&format!("exporting {id}"));
-    let done = repo
-        .store
-        .export_safetensors(id, &args.output)
-        .context(&format!("exporting {id} to `{}`", args.output.display()));
+    let context = format!("exporting {id} to `{}`", args.output.display());
+    let done = if whole {
+        snap.whole_tensors().context(&context).and_then(|t| {
+            tensor_history::write_safetensors(t.iter().map(|(n, t)| (n.as_str(), t)), &args.output)
+                .context(&context)
+                .map(|()| (t.len(), t.iter().map(|(_, t)| t.nbytes()).sum::<usize>()))
+        })
+    } else {
+        repo.store
+            .export_safetensors(id, &args.output)
+            .context(&context)
+            .map(|()| (snap.names().len(), snap.nbytes()))
+    };
     bar.finish_and_clear();
-    done?;
+    let (tensors, nbytes) = done?;
     if out.json {
         return out.print_json(&json!({
             "version": id.to_string(),
             "output": args.output,
-            "tensors": snap.names().len(),
-            "bytes": snap.nbytes(),
+            "tensors": tensors,
+            "bytes": nbytes,
+            "assembled_from_shards": whole,
         }));
     }
+    let how = if whole {
+        ", assembled from its DCP shards"
+    } else {
+        ""
+    };
     println!(
-        "wrote {id} to {} ({} tensors, {})",
+        "wrote {id} to {} ({tensors} tensors, {}{how})",
         args.output.display(),
-        snap.names().len(),
-        bytes(snap.nbytes() as u64)
+        bytes(nbytes as u64)
     );
     Ok(())
 }

@@ -319,3 +319,56 @@ fn import_into_a_new_relative_repository_path_creates_it() {
         ndarray::array![1.0f32, 2.0, 3.0].into_dyn()
     );
 }
+
+#[test]
+fn export_of_a_dcp_version_writes_whole_tensors_unless_asked_for_the_shards() {
+    use ndarray::{s, ArrayD, IxDyn};
+    let d = tempfile::tempdir().unwrap();
+    let repo = d.path().join("dcp");
+    let w = ArrayD::from_shape_fn(IxDyn(&[4, 6]), |ix| (ix[0] * 6 + ix[1]) as f32);
+    let mut s = Store::new();
+    // Two ranks' row shards, as the DCP storage layer names them, and its metadata.
+    s.insert("w@0,0", &w.slice(s![0..2, ..]).to_owned().into_dyn())
+        .unwrap();
+    s.insert("w@2,0", &w.slice(s![2..4, ..]).to_owned().into_dyn())
+        .unwrap();
+    s.insert(
+        tensor_history::DCP_METADATA,
+        &ArrayD::from_elem(IxDyn(&[3]), 9u8),
+    )
+    .unwrap();
+    s.commit("dcp save").unwrap();
+    s.save_as(&repo).unwrap();
+    let whole = d.path().join("whole.safetensors");
+    let v = th(
+        Some(&repo),
+        &["--json", "export", "main", "-o", whole.to_str().unwrap()],
+    )
+    .ok()
+    .json();
+    assert_eq!(v["tensors"], 1);
+    assert_eq!(v["bytes"], 4 * 6 * 4);
+    assert_eq!(v["assembled_from_shards"], true);
+    let mut back = Store::new();
+    assert_eq!(back.import_safetensors(&whole).unwrap(), ["w"]);
+    assert_eq!(back.get::<f32>("w").unwrap(), w);
+    let stored = d.path().join("stored.safetensors");
+    let out = th(
+        Some(&repo),
+        &[
+            "export",
+            "main",
+            "-o",
+            stored.to_str().unwrap(),
+            "--as-stored",
+        ],
+    )
+    .ok()
+    .stdout;
+    assert!(!out.contains("assembled"), "{out}");
+    let mut back = Store::new();
+    assert_eq!(
+        back.import_safetensors(&stored).unwrap(),
+        [".dcp/metadata", "w@0,0", "w@2,0"]
+    );
+}
