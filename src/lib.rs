@@ -158,8 +158,8 @@ pub use repo::backend::{
 #[cfg(feature = "object-store-client")]
 pub use repo::backend::{ObjectStoreBackend, ObjectStoreOptions, RequestStats, MIN_PART_SIZE};
 pub use repo::{
-    open_location, parse_object, GcOptions, GcStats, Part, PartStats, PendingSave, RefreshStats,
-    SaveStats, DEFAULT_DELETE_WITHIN, DEFAULT_GC_GRACE,
+    open_location, parse_object, GcOptions, GcStats, Part, PartChunks, PartStats, PendingSave,
+    RefreshStats, SaveStats, DEFAULT_DELETE_WITHIN, DEFAULT_GC_GRACE,
 };
 pub use retention::{Goal, KeepBest, PruneStats, Retention};
 pub use safetensors::write_safetensors;

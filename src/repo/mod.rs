@@ -49,5 +49,5 @@ pub use generation::DEFAULT_DELETE_WITHIN;
 pub(crate) use link::{resolve_prefix, RepoLink};
 pub use object::parse_object;
 pub use open::RefreshStats;
-pub use parts::{Part, PartStats};
+pub use parts::{Part, PartChunks, PartStats};
 pub use save::SaveStats;

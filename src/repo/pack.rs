@@ -313,8 +313,14 @@ pub(crate) type ToEncode<'a> = (
 /// or an XOR delta against the base) only when it saves at least
 /// 1/[`MIN_SAVING_DIVISOR`](crate::codec::MIN_SAVING_DIVISOR) of the chunk. The one way
 /// into a pack (see the module docs). O(total bytes / threads).
-pub(crate) fn store_chunks<'a>(format: u16, chunks: &[ToEncode<'a>]) -> Vec<Stored<'a>> {
-    if format == FORMAT_V1 {
+/// With `code` false every chunk is stored raw (a pack of format 2 may hold raw chunks
+/// only).
+pub(crate) fn store_chunks<'a>(
+    format: u16,
+    chunks: &[ToEncode<'a>],
+    code: bool,
+) -> Vec<Stored<'a>> {
+    if format == FORMAT_V1 || !code {
         return chunks.iter().map(|c| Stored::raw(c.0, c.1)).collect();
     }
     let jobs: Vec<EncodeJob<'_>> = chunks
@@ -499,6 +505,8 @@ pub(crate) fn write_pack(
 /// worth of raw and stored bytes at a time: the group being encoded, the pack being
 /// gathered, and the one being written.
 ///
+/// With `code` false every chunk is stored raw (no encoding), whatever the format.
+///
 /// # Errors
 ///
 /// [`Error::Io`]; a stored chunk's read error. After an error no more packs are
@@ -507,6 +515,7 @@ pub(crate) fn write_packs<'a>(
     backend: &dyn Backend,
     format: u16,
     chunks: &[NewChunk<'a>],
+    code: bool,
 ) -> Result<Vec<WrittenPack>> {
     std::thread::scope(|scope| {
         let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<Stored<'a>>>(1);
@@ -519,7 +528,7 @@ pub(crate) fn write_packs<'a>(
             Ok(out)
         });
         // The writer ended early (an error) when a send fails: stop, and return its error.
-        let gathered = gather_packs(chunks, format, |pack| tx.send(pack).is_ok());
+        let gathered = gather_packs(chunks, format, code, |pack| tx.send(pack).is_ok());
         drop(tx);
         let written = writer
             .join()
@@ -536,6 +545,7 @@ pub(crate) fn write_packs<'a>(
 fn gather_packs<'a>(
     chunks: &[NewChunk<'a>],
     format: u16,
+    code: bool,
     mut emit: impl FnMut(Vec<Stored<'a>>) -> bool,
 ) -> Result<()> {
     let mut pending: Vec<Stored<'a>> = Vec::new();
@@ -569,7 +579,7 @@ fn gather_packs<'a>(
                 (c.id, chunk.data(), c.width, base)
             })
             .collect();
-        for st in store_chunks(format, &jobs) {
+        for st in store_chunks(format, &jobs, code) {
             if !pending.is_empty() && pending_bytes + st.bytes.len() > PACK_TARGET_BYTES {
                 if !emit(std::mem::take(&mut pending)) {
                     return Ok(());

@@ -659,7 +659,7 @@ fn write_objects(
     // Packs, then one index of them.
     let mut rewrote: HashSet<String> = HashSet::new();
     let mut index = IndexBody::default();
-    for pack in write_packs(&*backend, b.chunks.format(), &new)? {
+    for pack in write_packs(&*backend, b.chunks.format(), &new, true)? {
         let key = pack_key(&pack.id);
         if b.gc_keys.contains(&key) {
             rewrote.insert(key);

@@ -5,6 +5,7 @@ baseline / store, above 1 the store wins); machine facts go to stderr.
 
     python bindings/python/benches/dcp_report.py            # 256 MiB, 20 saves
     python bindings/python/benches/dcp_report.py --quick    # 64 MiB, 10 saves
+    python bindings/python/benches/dcp_report.py --compress # parts byte-plane coded
 
 4 ranks (forked processes, gloo on CPU, one thread each); the model is 16 float32
 matrices of 4096 columns sharded by rows over the ranks (DTensor, `Shard(0)`); the
@@ -49,7 +50,7 @@ def disk(path: str) -> int:
     return total
 
 
-def child(rank, world, init, mib, saves, work, out):
+def child(rank, world, init, mib, saves, work, out, compress):
     import torch
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
@@ -92,7 +93,8 @@ def child(rank, world, init, mib, saves, work, out):
         fs_last = d
         return t, size
 
-    writer = StorageWriter(repo)   # one per run: it hashes only changed chunks
+    # one per run: it hashes only changed chunks
+    writer = StorageWriter(repo, compress=compress)
 
     def save_store(step):
         before = disk(repo) if rank == 0 and os.path.exists(repo) else 0
@@ -165,6 +167,8 @@ def main() -> None:
     ap.add_argument("--mib", type=int)
     ap.add_argument("--saves", type=int)
     ap.add_argument("--dir", help="where to write (default: a temporary directory)")
+    ap.add_argument("--compress", action="store_true",
+                    help="the store's writer byte-plane codes its parts (StorageWriter(compress=True))")
     a = ap.parse_args()
     mib = a.mib or (64 if a.quick else 256)
     saves = a.saves or (10 if a.quick else 20)
@@ -177,10 +181,11 @@ def main() -> None:
     work = tempfile.mkdtemp(prefix="dcp-report-", dir=a.dir)
     out = os.path.join(work, "results.json")
     print(f"torch {torch.__version__}, {os.cpu_count()} cpus, 4 ranks (gloo), model {mib} MiB, "
-          f"{saves} saves, in {work}", file=sys.stderr)
+          f"{saves} saves, in {work}, parts {'coded' if a.compress else 'raw'}", file=sys.stderr)
     try:
         init = f"file://{work}/pg-{uuid.uuid4().hex}"
-        mp.start_processes(child, args=(4, init, mib, saves, work, out), nprocs=4, join=True,
+        mp.start_processes(child, args=(4, init, mib, saves, work, out, a.compress), nprocs=4,
+                           join=True,
                            start_method="fork")
         with open(out) as f:
             res = json.load(f)

@@ -235,9 +235,10 @@ class Store:
         """Bind to the repository at ``path`` and save there. Onto an existing history,
         raises ``BranchMoved`` (writing no ref) when a ref this store has is not a
         fast-forward of the repository's; the repository's other refs stay."""
-    def write_part(self, location: str) -> PartStats:
+    def write_part(self, location: str, compress: bool = True) -> PartStats:
         """Write the working state's variables into the repository at ``location`` as
-        one writer's part (chunks it lacks, manifests; no version, no ref)."""
+        one writer's part (chunks it lacks, manifests; no version, no ref); with
+        ``compress=False`` the new chunks are stored as they are, not byte-plane coded."""
     def commit_parts(self, branch: str, parts: Sequence[Sequence[tuple[str, str]]],
                      message: str = "", **metadata: bool | int | float | str) -> Version:
         """Commit one version onto ``branch`` naming every tensor of ``parts`` (the

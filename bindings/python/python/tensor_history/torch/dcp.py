@@ -167,11 +167,18 @@ class StorageWriter(_DcpWriter):
     last save (memory: the rank's state dict), so that the next save copies and hashes
     only the chunks that changed (a compare of the rest). A new writer hashes everything
     once and still writes only the chunks the repository lacks.
+
+    ``compress=True`` stores the new chunks byte-plane coded where that saves at least
+    4% (float32 shards about 15% smaller on disk), at the cost of encoding on every
+    rank's save and decoding on load; by default they are stored as they are, as fast as
+    DCP's own writer for a save in which everything changed. Either way a chunk already
+    in the repository is not written again.
     """
 
     def __init__(self, location, branch: str = "main", message: Optional[str] = None,
-                 **meta: Any) -> None:
+                 compress: bool = False, **meta: Any) -> None:
         super().__init__()
+        self.compress = bool(compress)
         self.location = _location(location)
         self.branch = branch
         self.message = message if message is not None else "dcp save"
@@ -221,7 +228,7 @@ class StorageWriter(_DcpWriter):
         names = {name for _, name, _, _ in pending}
         for stale in [n for n in store.names() if n not in names]:
             store.remove(stale)
-        stats = store.write_part(self.location)
+        stats = store.write_part(self.location, compress=self.compress)
         self._store = store
         manifests = dict(stats.items)
         self.last_part = stats
@@ -246,7 +253,7 @@ class StorageWriter(_DcpWriter):
         blob = pickle.dumps(metadata)
         meta_store = Store()
         meta_store.insert(METADATA_NAME, np.frombuffer(blob, dtype=np.uint8))
-        items.extend(meta_store.write_part(self.location).items)
+        items.extend(meta_store.write_part(self.location, compress=self.compress).items)
         with Store.open(self.location) as repo:
             v = repo.commit_parts(self.branch, [items], self.message, **self.meta)
             repo.save()
