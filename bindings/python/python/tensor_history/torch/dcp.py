@@ -65,6 +65,7 @@ from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
 from .._core import Store
+from .._errors import DTypeMismatch, ShapeMismatch
 
 __all__ = ["StorageWriter", "StorageReader", "METADATA_NAME", "whole_tensors",
            "export_safetensors"]
@@ -344,6 +345,8 @@ class StorageReader(_DcpReader):
             by_name.setdefault(self.storage_data[req.storage_index].name, []).append(req)
         for name, reqs in by_name.items():
             item: _Item = self.storage_data[reqs[0].storage_index]
+            if len(reqs) == 1 and self._read_whole_into(store, name, item, reqs[0], planner):
+                continue
             arr = store.get(name, at=self.version)
             for req in reqs:
                 if req.type == LoadItemType.BYTE_IO:
@@ -362,6 +365,25 @@ class StorageReader(_DcpReader):
         fut: Future = Future()
         fut.set_result(None)
         return fut
+
+    def _read_whole_into(self, store: Store, name: str, item: _Item, req,
+                         planner: LoadPlanner) -> bool:
+        """Copy a stored item straight into the rank's tensor when it is the whole item
+        (the same sharding as the save) and a contiguous CPU tensor of a NumPy dtype:
+        one copy, no intermediate array. ``False`` (nothing done) otherwise."""
+        if req.type == LoadItemType.BYTE_IO or item.raw_dtype is not None:
+            return False
+        target = planner.resolve_tensor(req).detach()
+        if (target.device.type != "cpu" or not target.is_contiguous()
+                or target.dtype not in _NATIVE or tuple(target.size()) != tuple(req.lengths)
+                or any(req.storage_offsets)):
+            return False
+        try:
+            store.write_into({name: target.numpy()}, at=self.version)
+        except (ShapeMismatch, DTypeMismatch):
+            return False  # another shape or dtype than the rank's: the general path
+        planner.commit_tensor(req, target)
+        return True
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id) -> bool:
