@@ -70,8 +70,17 @@ pub const CODEC_VERSION: u8 = 2;
 /// 2.785x and bf16 to 4.920x at 534 MB/s per core, where level 3 gave 2.779x, 4.879x at
 /// 237 MB/s (levels 1 and -5: 2.781x/373 MB/s and 2.785x/443 MB/s; -100 loses 0.4%).
 /// What it gives up: matches in periodic integer data (an `i16` ramp of 3000 elements
-/// codes to 1687 bytes, 392 at level 1), small buffers next to a model's floats.
+/// coded to 1687 bytes, 392 at level 1). Planes under [`SMALL_PLANE_BYTES`] are coded
+/// at [`SMALL_PLANE_LEVEL`] for that reason; large periodic integer tensors still lose.
 pub const ZSTD_LEVEL: i32 = -20;
+
+/// Planes shorter than this (bytes) are coded at [`SMALL_PLANE_LEVEL`]: on a few KiB
+/// the fast level's time saving is a few microseconds, and its loose match search
+/// loses what small tensors (biases, norms, counters, optimizer scalars) save.
+pub const SMALL_PLANE_BYTES: usize = 16 << 10;
+
+/// zstd level of planes under [`SMALL_PLANE_BYTES`]: 3, zstd's default.
+pub const SMALL_PLANE_LEVEL: i32 = 3;
 
 /// zstd's shortest match in [`encode`]'s planes: 7, zstd's longest setting. A plane's
 /// matches are runs of zero bytes (a delta's high planes), long anyway; in the noisy
@@ -587,6 +596,8 @@ fn load<const W: usize>(b: &[u8]) -> u64 {
 thread_local! {
     static COMPRESSOR: RefCell<Option<zstd::bulk::Compressor<'static>>> =
         const { RefCell::new(None) };
+    static SMALL_COMPRESSOR: RefCell<Option<zstd::bulk::Compressor<'static>>> =
+        const { RefCell::new(None) };
     static DECOMPRESSOR: RefCell<Option<zstd::bulk::Decompressor<'static>>> =
         const { RefCell::new(None) };
 }
@@ -595,18 +606,23 @@ thread_local! {
 /// `limit` bytes; `false` if it is longer, or zstd failed (out of memory): the plane is
 /// then stored raw. `frame` keeps its capacity between calls.
 fn compress_plane(plane: &[u8], limit: usize, frame: &mut Vec<u8>) -> bool {
-    COMPRESSOR.with(|c| {
+    let small = plane.len() < SMALL_PLANE_BYTES;
+    let cell = if small {
+        &SMALL_COMPRESSOR
+    } else {
+        &COMPRESSOR
+    };
+    cell.with(|c| {
         let mut c = c.borrow_mut();
         if c.is_none() {
             use zstd::zstd_safe::{CParameter, ParamSwitch};
-            *c = zstd::bulk::Compressor::new(ZSTD_LEVEL)
-                .ok()
-                .and_then(|mut c| {
-                    c.set_parameter(CParameter::MinMatch(ZSTD_MIN_MATCH)).ok()?;
-                    c.set_parameter(CParameter::LiteralCompressionMode(ParamSwitch::Enable))
-                        .ok()?;
-                    Some(c)
-                });
+            let level = if small { SMALL_PLANE_LEVEL } else { ZSTD_LEVEL };
+            *c = zstd::bulk::Compressor::new(level).ok().and_then(|mut c| {
+                c.set_parameter(CParameter::MinMatch(ZSTD_MIN_MATCH)).ok()?;
+                c.set_parameter(CParameter::LiteralCompressionMode(ParamSwitch::Enable))
+                    .ok()?;
+                Some(c)
+            });
         }
         let Some(comp) = c.as_mut() else {
             return false;

@@ -637,3 +637,19 @@ fn a_chain_at_its_bound_of_every_width_decodes_special_values_bit_for_bit() {
         }
     }
 }
+
+#[test]
+fn small_tensors_keep_their_matches_and_large_planes_use_the_fast_level() {
+    // A small periodic i16 buffer (a ramp, as position ids or counters): its planes are
+    // under SMALL_PLANE_BYTES, coded at zstd's default level, whose match search finds
+    // the period (at the fast level it coded to 1687 bytes of 6000).
+    let ramp: Vec<u8> = (0..3000usize)
+        .flat_map(|i| ((i * 7) as i16).to_le_bytes())
+        .collect();
+    let e = encode(&ramp, 2, None);
+    assert!(e.len() < 600, "{} bytes", e.len());
+    assert_eq!(
+        &*decode(e.as_bytes(), &id(&ramp), ramp.len(), None).unwrap(),
+        &ramp[..]
+    );
+}
