@@ -107,12 +107,14 @@ fn whole_shape(name: &str, shards: &[Shard<'_>]) -> Result<(DType, Vec<usize>)> 
     Ok((dtype, shape))
 }
 
-/// Copy the row-major `shard` (of shape `sshape`, at `offsets`) into the row-major
-/// `whole` (of shape `wshape`), elements of `size` bytes: one copy per innermost row.
+/// Copy the row-major shard whose bytes are `pieces` in order (its chunks, a row may
+/// straddle two) and whose shape is `sshape`, at `offsets`, into the row-major `whole`
+/// (of shape `wshape`), elements of `size` bytes: one copy per innermost row or piece of
+/// it, straight from the chunks.
 fn place(
     whole: &mut [u8],
     wshape: &[usize],
-    shard: &[u8],
+    pieces: &[&[u8]],
     sshape: &[usize],
     offsets: &[usize],
     size: usize,
@@ -128,17 +130,30 @@ fn place(
     }
     let offset = |d: usize| offsets.get(d).copied().unwrap_or(0);
     let row = sshape[rank - 1] * size;
-    let rows = shard.len() / row;
+    let rows: usize = sshape[..rank - 1].iter().product();
+    // Where the next row starts in `pieces`.
+    let (mut piece, mut within) = (0usize, 0usize);
     // The shard's index along the outer axes, last axis fastest.
     let mut index = vec![0usize; rank - 1];
-    for r in 0..rows {
+    for _ in 0..rows {
         let at = offset(rank - 1)
             + index
                 .iter()
                 .enumerate()
                 .map(|(d, i)| (offset(d) + i) * strides[d])
                 .sum::<usize>();
-        whole[at * size..at * size + row].copy_from_slice(&shard[r * row..(r + 1) * row]);
+        let mut dst = &mut whole[at * size..at * size + row];
+        while !dst.is_empty() {
+            let src = &pieces[piece][within..];
+            let n = src.len().min(dst.len());
+            dst[..n].copy_from_slice(&src[..n]);
+            dst = &mut dst[n..];
+            within += n;
+            if within == pieces[piece].len() {
+                piece += 1;
+                within = 0;
+            }
+        }
         for d in (0..rank - 1).rev() {
             index[d] += 1;
             if index[d] < sshape[d] {
@@ -147,16 +162,6 @@ fn place(
             index[d] = 0;
         }
     }
-}
-
-/// A tensor's bytes, read from its chunks (checked when they live in a repository).
-fn tensor_bytes(t: &Tensor) -> Result<Vec<u8>> {
-    let mut out = Vec::with_capacity(t.nbytes());
-    for c in t.chunks() {
-        c.load()?;
-        out.extend_from_slice(c.data());
-    }
-    Ok(out)
 }
 
 impl Snapshot {
@@ -203,12 +208,13 @@ impl Snapshot {
             let total: usize = shape.iter().product::<usize>() * size;
             let mut whole = vec![0u8; total];
             for s in &shards {
+                // Chunks that live in a repository are read (and checked) here.
                 s.tensor.load()?;
-                let bytes = tensor_bytes(s.tensor)?;
+                let pieces: Vec<&[u8]> = s.tensor.chunks().map(|c| c.data()).collect();
                 place(
                     &mut whole,
                     &shape,
-                    &bytes,
+                    &pieces,
                     s.tensor.shape(),
                     &s.offsets,
                     size,
@@ -260,7 +266,15 @@ mod tests {
     fn place_copies_rows_at_their_offsets() {
         // A 3x4 whole of u8 from a 2x2 shard at (1, 2).
         let mut whole = vec![0u8; 12];
-        place(&mut whole, &[3, 4], &[1, 2, 3, 4], &[2, 2], &[1, 2], 1);
+        // Its bytes in two chunks, the first row straddling them.
+        place(
+            &mut whole,
+            &[3, 4],
+            &[&[1], &[2, 3, 4]],
+            &[2, 2],
+            &[1, 2],
+            1,
+        );
         assert_eq!(whole, [0, 0, 0, 0, 0, 0, 1, 2, 0, 0, 3, 4]);
     }
 }
