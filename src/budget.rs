@@ -39,11 +39,22 @@ impl Store {
         }
         self.drop_decoded(&hot);
         let want = held.saturating_sub(budget).saturating_mul(2);
+        // Versions in the repository, or that a background save is writing, are left
+        // raw: the save's end evicts their chunks (they are read back from the
+        // repository), which costs nothing, where encoding them would code the same
+        // bytes a second time.
+        let (saved, captured) = match (&self.repo, &self.bg.inflight) {
+            (Some(b), _) => (Some(&b.saved), None),
+            (None, Some(f)) => (Some(&f.saved), Some(&f.captured)),
+            (None, None) => (None, None),
+        };
         let ids: Vec<VersionId> = self
             .hist
             .live()
             .map(|(id, _)| id)
             .filter(|id| Some(*id) != head)
+            .filter(|id| !saved.is_some_and(|s| s.contains_key(id)))
+            .filter(|id| !captured.is_some_and(|c| c.contains(id)))
             .collect();
         let mut planned: HashSet<usize> = HashSet::new();
         let mut versions = Vec::new();

@@ -931,9 +931,10 @@ impl Store {
         self.hist.move_head(id);
         self.hist.redo.clear();
         self.auto_retain();
-        self.budget_after_commit();
-        // A background save that ended gives its link back (and its memory) now.
+        // A background save that ended gives its link back (and its memory) now, before
+        // the budget counts what is held.
         self.settle_save(false);
+        self.budget_after_commit();
         Ok(id)
     }
 }

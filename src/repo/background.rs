@@ -173,6 +173,10 @@ pub(crate) struct InFlight {
     pub(crate) location: String,
     pub(crate) backend: Arc<dyn Backend>,
     pub(crate) saved: HashMap<VersionId, ContentHash>,
+    /// The versions the store held unsaved when the save started (the save writes those
+    /// a ref or HEAD reaches): the memory budget leaves them raw, since the save stores
+    /// them and its end evicts them, rather than encode them twice.
+    pub(crate) captured: HashSet<VersionId>,
 }
 
 impl InFlight {
@@ -297,11 +301,18 @@ impl Store {
             reason: "this store has no repository: use save_as or open".into(),
         })?;
         let slot = Arc::new(Slot::new());
+        let captured = self
+            .hist
+            .live()
+            .map(|(id, _)| id)
+            .filter(|id| !link.saved.contains_key(id))
+            .collect();
         let inflight = InFlight {
             slot: Arc::clone(&slot),
             location: link.location.clone(),
             backend: link.backend.clone(),
             saved: link.saved.clone(),
+            captured,
         };
         let job = Arc::new(Mutex::new(Some((self.hist.clone(), link))));
         let (writer_job, writer_slot) = (Arc::clone(&job), Arc::clone(&slot));

@@ -501,13 +501,29 @@ impl Store {
         mut stored: impl FnMut(&Chunk) -> Option<Chunk>,
     ) {
         let pooled_before = self.pool().map(Pool::buffers);
-        let working: HashSet<usize> = self
+        let mut keep: HashSet<usize> = self
             .working
             .values()
             .flat_map(|t| t.chunks().map(Chunk::addr))
             .collect();
+        // A saved version that is the first parent of one not saved yet keeps its chunks
+        // on the heap: the next save takes its deltas against them (an evicted base
+        // would be read back from the repository and decoded first). At most the
+        // versions a save has just written; the next save evicts them.
+        let saved: HashSet<VersionId> = ids.iter().copied().collect();
+        for (id, node) in self.hist.live() {
+            let Some(p) = node.parents.first().filter(|p| saved.contains(p)) else {
+                continue;
+            };
+            if saved.contains(&id) {
+                continue;
+            }
+            if let Some(vars) = self.hist.node(*p).ok().and_then(|n| n.vars.loaded()) {
+                keep.extend(vars.values().flat_map(|t| t.chunks().map(Chunk::addr)));
+            }
+        }
         self.replace_chunks_in(ids, |c| {
-            if c.is_stored() || working.contains(&c.addr()) {
+            if c.is_stored() || keep.contains(&c.addr()) {
                 return None;
             }
             stored(c)
