@@ -194,10 +194,12 @@ class StorageWriter(_DcpWriter):
         #: coordinator) ``finish``: for profiling.
         self.times: dict = {}
         self._store: Optional[Store] = None
+        self._repo_ready = False
 
     def reset(self, checkpoint_id=None) -> None:
         if checkpoint_id:
             self.location = _location(checkpoint_id)
+            self._repo_ready = False
         self.save_id = uuid.uuid4().hex
 
     def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
@@ -208,6 +210,15 @@ class StorageWriter(_DcpWriter):
         return plan
 
     def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
+        # The coordinator, before any rank's write_data: create the repository if it is
+        # absent, so that the ranks do not all create it at once. (Creation by
+        # concurrent writers is not safe on an object store: a writer that finds no
+        # config.json but another writer's first object raises UnsupportedFormat.) Once
+        # per writer; on a local directory only while it has no config.json.
+        if not self._repo_ready:
+            if not _is_repository(self.location):
+                Store.open(self.location).close()
+            self._repo_ready = True
         return plans
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
