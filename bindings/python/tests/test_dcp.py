@@ -303,6 +303,21 @@ def load_while_main_moves(rank, world, mesh, repo, move, first, out):
             f.write(f"loaded {reader.version}\n")
 
 
+def save_around_another_commit(rank, world, mesh, repo):
+    """One writer saves twice; between its saves another process's commit moves main."""
+    w = StorageWriter(repo, message="first")
+    dcp.save(sharded(full_state(1), world, rank, mesh), storage_writer=w)
+    dist.barrier()
+    if rank == 0:
+        move_main_same_layout(repo)
+    dist.barrier()
+    w.message = "second"
+    dcp.save(sharded(full_state(2), world, rank, mesh), storage_writer=w)
+    sd = empty_like_sharded(world, rank, mesh)
+    dcp.load(sd, storage_reader=StorageReader(repo))
+    check_loaded(sd, full_state(2), world, rank)
+
+
 # ---- fixtures --------------------------------------------------------------------------
 
 @pytest.fixture(autouse=True)
@@ -554,3 +569,12 @@ def test_a_save_of_another_layout_moving_the_branch_during_a_load_raises(saved_b
     err = open(out).read()
     assert issubclass(VersionMismatch, RuntimeError)
     assert "VersionMismatch" in err and "differ from the coordinator" in err, err
+
+
+def test_a_reused_writer_saves_on_top_of_what_another_process_saved_in_between(tmp_path):
+    # the coordinator keeps the repository open between saves and takes in the other
+    # process's version (a stale view would lose the race: BranchMoved)
+    repo = str(tmp_path / "repo")
+    run(2, tmp_path, save_around_another_commit, repo)
+    s = th.Store.open(repo)
+    assert [e.message for e in s.log("main")] == ["second", "moved: w + 1", "first"]

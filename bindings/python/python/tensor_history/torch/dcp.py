@@ -194,12 +194,17 @@ class StorageWriter(_DcpWriter):
         #: coordinator) ``finish``: for profiling.
         self.times: dict = {}
         self._store: Optional[Store] = None
+        self._repo: Optional[Store] = None  # the coordinator's, kept from save to save
         self._repo_ready = False
 
     def reset(self, checkpoint_id=None) -> None:
-        if checkpoint_id:
+        if checkpoint_id and _location(checkpoint_id) != self.location:
             self.location = _location(checkpoint_id)
             self._repo_ready = False
+            self._store = None
+            if self._repo is not None:
+                self._repo.close()
+                self._repo = None
         self.save_id = uuid.uuid4().hex
 
     def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
@@ -275,13 +280,27 @@ class StorageWriter(_DcpWriter):
         meta_store.insert(METADATA_NAME, np.frombuffer(blob, dtype=np.uint8))
         items.extend(meta_store.write_part(self.location, compress=self.compress).items)
         t1 = time.perf_counter()
-        with Store.open(self.location) as repo:
+        # The coordinator keeps the repository open from one save to the next and takes
+        # in what other processes saved since (refresh: new refs, versions and index
+        # files only) instead of opening it again (every version and index file, HEAD's
+        # manifests: on S3 a request each). After an error it is opened afresh.
+        repo, self._repo = self._repo, None
+        try:
+            if repo is None:
+                repo = Store.open(self.location)
+            else:
+                repo.refresh()
             t2 = time.perf_counter()
             v = repo.commit_parts(self.branch, [items], self.message, **self.meta)
             t3 = time.perf_counter()
             repo.save()
             self.last_version = repo.version_hash(v)
-        self.times.update({"finish.metadata_part": t1 - t0, "finish.open": t2 - t1,
+        except BaseException:
+            if repo is not None:
+                repo.close()
+            raise
+        self._repo = repo
+        self.times.update({"finish.metadata_part": t1 - t0, "finish.open_or_refresh": t2 - t1,
                            "finish.commit_parts": t3 - t2,
                            "finish.save": time.perf_counter() - t3})
 
