@@ -8,6 +8,7 @@ baseline / store, above 1 the store wins); machine facts go to stderr.
     python bindings/python/benches/dcp_report.py --compress # parts byte-plane coded
     python bindings/python/benches/dcp_report.py --s3       # the store on s3://$TH_S3_BUCKET
     python bindings/python/benches/dcp_report.py --location s3://bucket/prefix
+    python bindings/python/benches/dcp_report.py --trust-versions  # unchanged tensors skipped
 
 4 ranks (forked processes, gloo on CPU, one thread each); the model is 16 float32
 matrices of 4096 columns sharded by rows over the ranks (DTensor, `Shard(0)`); the
@@ -110,7 +111,7 @@ def null_writer_class():
     return NullWriter
 
 
-def child(rank, world, init, mib, saves, work, out, compress, location):
+def child(rank, world, init, mib, saves, work, out, compress, location, trust_versions):
     import torch
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
@@ -162,7 +163,7 @@ def child(rank, world, init, mib, saves, work, out, compress, location):
         return t, size
 
     # one per run: it hashes only changed chunks
-    writer = StorageWriter(repo, compress=compress)
+    writer = StorageWriter(repo, compress=compress, trust_versions=trust_versions)
 
     store_times = []  # per 1%-save: this rank's writer.times
 
@@ -263,6 +264,9 @@ def main() -> None:
     ap.add_argument("--dir", help="where to write (default: a temporary directory)")
     ap.add_argument("--compress", action="store_true",
                     help="the store's writer byte-plane codes its parts (StorageWriter(compress=True))")
+    ap.add_argument("--trust-versions", action="store_true",
+                    help="StorageWriter(trust_versions=True): tensors whose in-place version "
+                    "counter did not move since the last save are not compared")
     ap.add_argument("--location", help="the store's repository under this URL (s3://bucket/prefix; "
                     "credentials and endpoint from the AWS_* variables) instead of the local disk")
     ap.add_argument("--s3", action="store_true",
@@ -287,7 +291,8 @@ def main() -> None:
     work = tempfile.mkdtemp(prefix="dcp-report-", dir=a.dir)
     out = os.path.join(work, "results.json")
     print(f"torch {torch.__version__}, {os.cpu_count()} cpus, 4 ranks (gloo), model {mib} MiB, "
-          f"{saves} saves, in {work}, parts {'coded' if a.compress else 'raw'}, store on "
+          f"{saves} saves, in {work}, parts {'coded' if a.compress else 'raw'}"
+          f"{', trust_versions' if a.trust_versions else ''}, store on "
           f"{location or 'the local disk'}, load average "
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}", file=sys.stderr)
     if location is not None:
@@ -299,7 +304,8 @@ def main() -> None:
         print(f"baseline: FileSystemWriter on the local disk ({note})", file=sys.stderr)
     try:
         init = f"file://{work}/pg-{uuid.uuid4().hex}"
-        mp.start_processes(child, args=(4, init, mib, saves, work, out, a.compress, location),
+        mp.start_processes(child, args=(4, init, mib, saves, work, out, a.compress, location,
+                                        a.trust_versions),
                            nprocs=4,
                            join=True,
                            start_method="fork")

@@ -318,6 +318,34 @@ def save_around_another_commit(rank, world, mesh, repo):
     check_loaded(sd, full_state(2), world, rank)
 
 
+def save_trusting_versions(rank, world, mesh, repo, out):
+    """Saves of one state dict (the same tensors) by a trust_versions writer: an
+    in-place op, then a write through a .numpy() view (missed: the documented caveat),
+    a fresh tensor, and last a default writer (which compares everything)."""
+    sd = sharded(full_state(1), world, rank, mesh)
+    w = StorageWriter(repo, trust_versions=True)
+    versions = []
+
+    def save(writer, message):
+        writer.message = message
+        dcp.save(sd, storage_writer=writer)
+        box = [writer.last_version]
+        dist.broadcast_object_list(box, src=0)
+        versions.append(box[0])
+
+    save(w, "first")
+    sd["w"].to_local()[3, :] += 1.0
+    save(w, "in-place add")
+    sd["w"].to_local().numpy()[5, :] = 7.0
+    save(w, "numpy write")
+    sd["b"] = sd["b"] + 1
+    save(w, "fresh b")
+    save(StorageWriter(repo), "default writer")
+    if rank == 0:
+        with open(out, "w") as f:
+            f.write(" ".join(versions) + "\n")
+
+
 # ---- fixtures --------------------------------------------------------------------------
 
 @pytest.fixture(autouse=True)
@@ -578,3 +606,28 @@ def test_a_reused_writer_saves_on_top_of_what_another_process_saved_in_between(t
     run(2, tmp_path, save_around_another_commit, repo)
     s = th.Store.open(repo)
     assert [e.message for e in s.log("main")] == ["second", "moved: w + 1", "first"]
+
+
+def test_trust_versions_skips_tensors_whose_version_counter_did_not_move(tmp_path):
+    repo = str(tmp_path / "repo")
+    out = str(tmp_path / "versions.txt")
+    run(2, tmp_path, save_trusting_versions, repo, out)
+    v1, v2, v3, v4, v5 = open(out).read().split()
+    s = th.Store.open(repo)
+    full = full_state(1)
+    rows = ROWS // 2
+
+    def w(v, r):
+        return s.get(f"w@{r * rows},0", at=v)
+
+    for r in (0, 1):  # every rank's shard
+        want = full["w"][r * rows:(r + 1) * rows].numpy().copy()
+        assert np.array_equal(w(v1, r), want)
+        want[3] += 1.0  # the in-place add is saved
+        assert np.array_equal(w(v2, r), want)
+        # the write through a .numpy() view moved no counter: not saved (the caveat)
+        assert np.array_equal(w(v3, r), want) and np.array_equal(w(v4, r), want)
+        want[5] = 7.0  # a default writer compares everything: saved
+        assert np.array_equal(w(v5, r), want)
+    assert np.array_equal(s.get("b", at=v3), full["b"].numpy())
+    assert np.array_equal(s.get("b", at=v4), full["b"].numpy() + 1)  # a fresh tensor

@@ -155,6 +155,14 @@ def _location(x) -> str:
     return os.fspath(x)
 
 
+def _version_key(t: torch.Tensor):
+    """What ``trust_versions`` compares between saves: memory, layout and in-place
+    version counter of a contiguous CPU tensor (``None`` for any other)."""
+    if t.device.type != "cpu" or not t.is_contiguous() or t.is_sparse:
+        return None
+    return (t.data_ptr(), t._version, tuple(t.shape), tuple(t.stride()), t.dtype)
+
+
 class StorageWriter(_DcpWriter):
     """Write DCP checkpoints as versions of the tensor-history repository at
     ``location`` (a directory, created if absent, or a URL such as ``s3://bucket/p``),
@@ -175,12 +183,22 @@ class StorageWriter(_DcpWriter):
     rank's save and decoding on load; by default they are stored as they are, as fast as
     DCP's own writer for a save in which everything changed. Either way a chunk already
     in the repository is not written again.
+
+    ``trust_versions=True`` skips, without reading it, a CPU tensor that is the same
+    memory (data pointer, shape, strides, dtype) with the same in-place version counter
+    (``tensor._version``) as at this writer's last save: torch advances the counter on
+    every in-place op (``add_``, ``copy_``, optimizers' ``foreach`` updates), so only the
+    tensors that changed are compared. The writer holds those tensors, so their memory
+    is not reused by others meanwhile. Writes that bypass the counter are missed and
+    the save stores the old values: through ``.numpy()`` views or ``.data``, and fused
+    optimizers (``Adam(fused=True)``) that leave the counters alone. Off by default.
     """
 
     def __init__(self, location, branch: str = "main", message: Optional[str] = None,
-                 compress: bool = False, **meta: Any) -> None:
+                 compress: bool = False, trust_versions: bool = False, **meta: Any) -> None:
         super().__init__()
         self.compress = bool(compress)
+        self.trust_versions = bool(trust_versions)
         self.location = _location(location)
         self.branch = branch
         self.message = message if message is not None else "dcp save"
@@ -194,6 +212,8 @@ class StorageWriter(_DcpWriter):
         #: coordinator) ``finish``: for profiling.
         self.times: dict = {}
         self._store: Optional[Store] = None
+        # trust_versions: item name -> (tensor, _version_key) at the last save
+        self._seen: dict = {}
         self._repo: Optional[Store] = None  # the coordinator's, kept from save to save
         self._repo_ready = False
 
@@ -202,6 +222,7 @@ class StorageWriter(_DcpWriter):
             self.location = _location(checkpoint_id)
             self._repo_ready = False
             self._store = None
+            self._seen = {}
             if self._repo is not None:
                 self._repo.close()
                 self._repo = None
@@ -232,6 +253,8 @@ class StorageWriter(_DcpWriter):
         # copied and hashed. A failed write starts from an empty store next time.
         t0 = time.perf_counter()
         store, self._store = self._store or Store(), None
+        last_seen, self._seen = self._seen, {}
+        seen = {}
         pending = []
         for item in plan.items:
             data = planner.resolve_data(item)
@@ -242,8 +265,15 @@ class StorageWriter(_DcpWriter):
                 size = buf.nbytes
                 raw = (None, None)
             else:
-                arr, tag, raw_dtype = _to_numpy(data)
-                _put(store, name, arr, tag)
+                key = _version_key(data) if self.trust_versions else None
+                if key is not None:
+                    seen[name] = (data, key)
+                if not (key is not None and name in store
+                        and name in last_seen and last_seen[name][1] == key):
+                    arr, tag, _ = _to_numpy(data)
+                    _put(store, name, arr, tag)
+                raw_dtype = None if data.dtype in _NATIVE or data.dtype == torch.bfloat16 \
+                    else data.dtype
                 size = data.numel() * data.element_size()
                 raw = (raw_dtype, tuple(data.shape)) if raw_dtype is not None else (None, None)
             pending.append((item, name, size, raw))
@@ -254,6 +284,7 @@ class StorageWriter(_DcpWriter):
         stats = store.write_part(self.location, compress=self.compress)
         self.times = {"write_data.put": t1 - t0, "write_data.write_part": time.perf_counter() - t1}
         self._store = store
+        self._seen = seen
         manifests = dict(stats.items)
         self.last_part = stats
         results = [
