@@ -6,6 +6,9 @@ baseline / store, above 1 the store wins); machine facts go to stderr.
     python bindings/python/benches/dcp_report.py            # 256 MiB, 20 saves
     python bindings/python/benches/dcp_report.py --quick    # 64 MiB, 10 saves
     python bindings/python/benches/dcp_report.py --compress # parts byte-plane coded
+    python bindings/python/benches/dcp_report.py --s3       # the store on s3://$TH_S3_BUCKET
+    python bindings/python/benches/dcp_report.py --location s3://bucket/prefix
+    python bindings/python/benches/dcp_report.py --trust-versions  # unchanged tensors skipped
 
 4 ranks (forked processes, gloo on CPU, one thread each); the model is 16 float32
 matrices of 4096 columns sharded by rows over the ranks (DTensor, `Shard(0)`); the
@@ -22,6 +25,21 @@ same repository (one version per save on `main`).
   disk_after_N_saves[FileSystemWriter] bytes on disk after the first save and N-1
                                       1%-saves (the baseline's directories are measured
                                       and deleted as it goes, to spare the disk)
+  save_1pct[null writer floor]        the same 1%-saves through a storage writer that
+                                      writes nothing (baseline column) against the
+                                      store: what DCP itself costs (planning, its
+                                      collectives, resolving the items); ratio = the
+                                      floor's share of the store's save. The floor
+                                      against FileSystemWriter, and the store's time per
+                                      step (per rank: write_data's compare-and-hash and
+                                      part write, the coordinator's finish), go to stderr.
+
+On an object store (`--s3`, `--location s3://...`; the server and credentials from the
+AWS_* variables, as for the Rust crate) the store's repository is there and the rows'
+baseline is still `FileSystemWriter` on the local disk (DCP's fsspec writer on S3 needs
+s3fs, which this report does not use): the rows are named `[FileSystemWriter, local
+disk]`. The store's bytes on S3 are the bytes its saves wrote (the ranks' parts, summed
+over ranks; the store deletes nothing without gc), not a listing of the bucket.
 """
 
 from __future__ import annotations
@@ -50,13 +68,58 @@ def disk(path: str) -> int:
     return total
 
 
-def child(rank, world, init, mib, saves, work, out, compress):
+def null_writer_class():
+    """A DCP storage writer that writes nothing: every item resolved (as any writer must)
+    and dropped. A save through it costs what DCP itself costs."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.storage import WriteResult
+    from torch.futures import Future
+
+    class NullWriter(dcp.StorageWriter):
+        def reset(self, checkpoint_id=None):
+            pass
+
+        def set_up_storage_writer(self, is_coordinator, *args, **kwargs):
+            pass
+
+        def prepare_local_plan(self, plan):
+            return plan
+
+        def prepare_global_plan(self, plans):
+            return plans
+
+        def write_data(self, plan, planner):
+            results = []
+            for item in plan.items:
+                planner.resolve_data(item)
+                results.append(WriteResult(index=item.index, size_in_bytes=0,
+                                           storage_data=None))
+            fut = Future()
+            fut.set_result(results)
+            return fut
+
+        def finish(self, metadata, results):
+            pass
+
+        def storage_meta(self):
+            return None
+
+        @classmethod
+        def validate_checkpoint_id(cls, checkpoint_id):
+            return True
+
+    return NullWriter
+
+
+def child(rank, world, init, mib, saves, work, out, compress, location, trust_versions):
     import torch
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
     from torch.distributed.tensor import DTensor, Shard, init_device_mesh
 
     from tensor_history.torch.dcp import StorageReader, StorageWriter
+
+    NullWriter = null_writer_class()
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world,
@@ -78,7 +141,13 @@ def child(rank, world, init, mib, saves, work, out, compress):
         dist.barrier()
         return time.perf_counter() - t0
 
-    repo = os.path.join(work, "repo")
+    local_repo = location is None
+    repo = os.path.join(work, "repo") if local_repo else f"{location}/dcp-report-{uuid.uuid4().hex}"
+    if not local_repo:
+        box = [repo]
+        dist.broadcast_object_list(box, src=0)
+        repo = box[0]
+    repo_total = 0  # on an object store: bytes every save's parts wrote, all ranks
     fs_disk_total = 0
     fs_last = None
 
@@ -94,14 +163,28 @@ def child(rank, world, init, mib, saves, work, out, compress):
         return t, size
 
     # one per run: it hashes only changed chunks
-    writer = StorageWriter(repo, compress=compress)
+    writer = StorageWriter(repo, compress=compress, trust_versions=trust_versions)
+
+    store_times = []  # per 1%-save: this rank's writer.times
 
     def save_store(step):
-        before = disk(repo) if rank == 0 and os.path.exists(repo) else 0
+        nonlocal repo_total
+        before = disk(repo) if rank == 0 and local_repo and os.path.exists(repo) else 0
         writer.meta = {"step": step}
         t = timed(lambda: dcp.save(state(), storage_writer=writer))
-        after = disk(repo) if rank == 0 else 0
-        return t, after - before
+        if local_repo:
+            written = disk(repo) - before if rank == 0 else 0
+        else:
+            each = [None] * world
+            dist.all_gather_object(each, writer.last_part.bytes_written)
+            written = sum(each)
+            repo_total += written
+        return t, written
+
+    null_writer = NullWriter()
+
+    def save_null(step):
+        return timed(lambda: dcp.save(state(), storage_writer=null_writer)), 0
 
     results = {}
     # first save, alternating which goes first is moot here: each writes everything
@@ -114,25 +197,37 @@ def child(rank, world, init, mib, saves, work, out, compress):
     chunks_per_rank = N_TENSORS * (rows // world) // 16
     per_step = max(1, chunks_per_rank // 100)
     rng = torch.Generator().manual_seed(1000 + rank)
-    times_fs, times_st, bytes_fs, bytes_st = [], [], [], []
+    times_fs, times_st, times_null, bytes_fs, bytes_st = [], [], [], [], []
     for step in range(1, saves):
         for _ in range(per_step):
             i = int(torch.randint(N_TENSORS, (1,), generator=rng))
             r = int(torch.randint(rows // world, (1,), generator=rng))
             local[f"layer{i}.weight"][r] += 1.0
-        order = [save_fs, save_store] if step % 2 else [save_store, save_fs]
-        for fn in order:
+        order = [save_fs, save_store, save_null]
+        k = step % 3
+        for fn in order[k:] + order[:k]:
             t, b = fn(step)
             if fn is save_fs:
                 times_fs.append(t)
                 bytes_fs.append(b)
                 fs_disk_total += b
-            else:
+            elif fn is save_store:
                 times_st.append(t)
                 bytes_st.append(b)
+                store_times.append(dict(writer.times))
+            else:
+                times_null.append(t)
     results["save_1pct"] = (statistics.median(times_fs), statistics.median(times_st))
+    results["save_1pct_null"] = (statistics.median(times_null), statistics.median(times_st))
     results["written_1pct"] = (statistics.median(bytes_fs), statistics.median(bytes_st))
-    results[f"disk_after_{saves}_saves"] = (fs_disk_total, disk(repo) if rank == 0 else 0)
+    store_disk = (disk(repo) if rank == 0 else 0) if local_repo else repo_total
+    results[f"disk_after_{saves}_saves"] = (fs_disk_total, store_disk)
+    # the store's 1%-save per step: medians per rank (finish's only on the coordinator)
+    steps = sorted({k for t in store_times for k in t})
+    mine = {k: statistics.median(t[k] for t in store_times if k in t) for k in steps}
+    per_rank = [None] * world
+    dist.all_gather_object(per_rank, mine)
+    results["profile_1pct"] = per_rank
 
     loads_fs, loads_st = [], []
     for r in range(3):
@@ -169,9 +264,24 @@ def main() -> None:
     ap.add_argument("--dir", help="where to write (default: a temporary directory)")
     ap.add_argument("--compress", action="store_true",
                     help="the store's writer byte-plane codes its parts (StorageWriter(compress=True))")
+    ap.add_argument("--trust-versions", action="store_true",
+                    help="StorageWriter(trust_versions=True): tensors whose in-place version "
+                    "counter did not move since the last save are not compared")
+    ap.add_argument("--location", help="the store's repository under this URL (s3://bucket/prefix; "
+                    "credentials and endpoint from the AWS_* variables) instead of the local disk")
+    ap.add_argument("--s3", action="store_true",
+                    help="--location s3://$TH_S3_BUCKET (as .ci/s3-server.sh exports it)")
     a = ap.parse_args()
     mib = a.mib or (64 if a.quick else 256)
     saves = a.saves or (10 if a.quick else 20)
+    location = a.location
+    if a.s3:
+        if location or not os.environ.get("TH_S3_BUCKET"):
+            ap.error("--s3 needs TH_S3_BUCKET (source .ci/s3-server.sh; start_s3_server) "
+                     "and no --location")
+        location = f"s3://{os.environ['TH_S3_BUCKET']}"
+    if location is not None and "://" not in location:
+        ap.error(f"--location takes a URL (s3://bucket/prefix), not {location!r}")
 
     import json
 
@@ -181,24 +291,47 @@ def main() -> None:
     work = tempfile.mkdtemp(prefix="dcp-report-", dir=a.dir)
     out = os.path.join(work, "results.json")
     print(f"torch {torch.__version__}, {os.cpu_count()} cpus, 4 ranks (gloo), model {mib} MiB, "
-          f"{saves} saves, in {work}, parts {'coded' if a.compress else 'raw'}", file=sys.stderr)
+          f"{saves} saves, in {work}, parts {'coded' if a.compress else 'raw'}"
+          f"{', trust_versions' if a.trust_versions else ''}, store on "
+          f"{location or 'the local disk'}, load average "
+          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}", file=sys.stderr)
+    if location is not None:
+        try:
+            import s3fs  # noqa: F401
+            note = "s3fs is installed, but this report's baseline stays on the local disk"
+        except ImportError:
+            note = "s3fs is not installed (DCP's fsspec writer cannot reach S3)"
+        print(f"baseline: FileSystemWriter on the local disk ({note})", file=sys.stderr)
     try:
         init = f"file://{work}/pg-{uuid.uuid4().hex}"
-        mp.start_processes(child, args=(4, init, mib, saves, work, out, a.compress), nprocs=4,
+        mp.start_processes(child, args=(4, init, mib, saves, work, out, a.compress, location,
+                                        a.trust_versions),
+                           nprocs=4,
                            join=True,
                            start_method="fork")
         with open(out) as f:
             res = json.load(f)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    fs = "FileSystemWriter" if location is None else "FileSystemWriter, local disk"
+    fr = "FileSystemReader" if location is None else "FileSystemReader, local disk"
     rep = Report()
-    rep.add("save_first[FileSystemWriter]", "ms", *res["save_first"])
-    rep.add("save_1pct[FileSystemWriter]", "ms", *res["save_1pct"])
-    rep.add("written_1pct[FileSystemWriter]", "bytes", *res["written_1pct"])
-    rep.add("save_dense[FileSystemWriter]", "ms", *res["save_dense"])
-    rep.add("load[FileSystemReader]", "ms", *res["load"])
+    rep.add(f"save_first[{fs}]", "ms", *res["save_first"])
+    rep.add(f"save_1pct[{fs}]", "ms", *res["save_1pct"])
+    rep.add("save_1pct[null writer floor]", "ms", *res["save_1pct_null"])
+    rep.add(f"written_1pct[{fs}]", "bytes", *res["written_1pct"])
+    rep.add(f"save_dense[{fs}]", "ms", *res["save_dense"])
+    rep.add(f"load[{fr}]", "ms", *res["load"])
     key = f"disk_after_{saves}_saves"
-    rep.add(f"{key}[FileSystemWriter]", "bytes", *res[key])
+    rep.add(f"{key}[{fs}]", "bytes", *res[key])
+    null, fs_1pct = res["save_1pct_null"][0], res["save_1pct"][0]
+    print(f"1%-save: FileSystemWriter / null writer floor = {fs_1pct / null:.2f} (the most any "
+          f"storage layer can gain over FileSystemWriter here)", file=sys.stderr)
+    print("the store's 1%-save per step, median ms per rank (finish.*: the coordinator):",
+          file=sys.stderr)
+    for r, steps in enumerate(res["profile_1pct"]):
+        print(f"  rank {r}: " + ", ".join(f"{k} {v * 1e3:.1f}" for k, v in steps.items()),
+              file=sys.stderr)
     rep.print()
 
 

@@ -39,6 +39,7 @@ from tensor_history.torch.dcp import (
     METADATA_NAME,
     StorageReader,
     StorageWriter,
+    VersionMismatch,
     export_safetensors,
     whole_tensors,
 )
@@ -233,6 +234,116 @@ def concurrent_saves(rank, world, mesh, repo, job, n, out):
     if rank == 0:
         with open(out, "w") as f:
             f.write(f"{ok} {lost}\n")
+
+
+def move_main_same_layout(repo):
+    """A save that moves main: every shard of `w` + 1, DCP metadata unchanged."""
+    s = th.Store.open(repo)
+    for name in s.snapshot("main").keys():
+        if name.startswith("w@"):
+            s.write(name, s.get(name) + np.float32(1))
+    s.commit("moved: w + 1")
+    s.save()
+
+
+def move_main_other_layout(repo):
+    """A save that moves main to a version whose DCP metadata has another item."""
+    import pickle
+
+    from torch.distributed.checkpoint.metadata import BytesStorageMetadata, MetadataIndex
+
+    from tensor_history.torch import dcp as th_dcp
+
+    s = th.Store.open(repo)
+    md = pickle.loads(s.get(METADATA_NAME).tobytes())
+    md.state_dict_metadata["ghost"] = BytesStorageMetadata()
+    md.storage_data[MetadataIndex("ghost")] = th_dcp._Item("ghost", "0" * 64)
+    s.remove(METADATA_NAME)
+    s.insert(METADATA_NAME, np.frombuffer(pickle.dumps(md), dtype=np.uint8))
+    s.commit("moved: another layout")
+    s.save()
+
+
+class MovingReader(StorageReader):
+    """A save moves the branch between the ranks' read_metadata: rank `first` reads,
+    then `move(repo)` runs on it, then the other ranks read."""
+
+    def __init__(self, repo, move, first):
+        super().__init__(repo)
+        self.move, self.first = move, first
+
+    def read_metadata(self, *args, **kwargs):
+        me = dist.get_rank()
+        md = super().read_metadata(*args, **kwargs) if me == self.first else None
+        dist.barrier()
+        if me == self.first:
+            self.move(self.location)
+        dist.barrier()
+        return md if me == self.first else super().read_metadata(*args, **kwargs)
+
+
+def load_while_main_moves(rank, world, mesh, repo, move, first, out):
+    sd = empty_like_sharded(world, rank, mesh)
+    reader = MovingReader(repo, move, first)
+    try:
+        dcp.load(sd, storage_reader=reader)
+    except CheckpointException as e:
+        if rank == 0:
+            with open(out, "w") as f:
+                f.write(repr(e))
+        return
+    # every rank loaded the coordinator's version: w as saved (rank 0 read before the
+    # move) or w + 1 (after it)
+    full = full_state(1)
+    if first != 0:
+        full["w"] = full["w"] + 1
+    check_loaded(sd, full, world, rank)
+    if rank == 0:
+        with open(out, "w") as f:
+            f.write(f"loaded {reader.version}\n")
+
+
+def save_around_another_commit(rank, world, mesh, repo):
+    """One writer saves twice; between its saves another process's commit moves main."""
+    w = StorageWriter(repo, message="first")
+    dcp.save(sharded(full_state(1), world, rank, mesh), storage_writer=w)
+    dist.barrier()
+    if rank == 0:
+        move_main_same_layout(repo)
+    dist.barrier()
+    w.message = "second"
+    dcp.save(sharded(full_state(2), world, rank, mesh), storage_writer=w)
+    sd = empty_like_sharded(world, rank, mesh)
+    dcp.load(sd, storage_reader=StorageReader(repo))
+    check_loaded(sd, full_state(2), world, rank)
+
+
+def save_trusting_versions(rank, world, mesh, repo, out):
+    """Saves of one state dict (the same tensors) by a trust_versions writer: an
+    in-place op, then a write through a .numpy() view (missed: the documented caveat),
+    a fresh tensor, and last a default writer (which compares everything)."""
+    sd = sharded(full_state(1), world, rank, mesh)
+    w = StorageWriter(repo, trust_versions=True)
+    versions = []
+
+    def save(writer, message):
+        writer.message = message
+        dcp.save(sd, storage_writer=writer)
+        box = [writer.last_version]
+        dist.broadcast_object_list(box, src=0)
+        versions.append(box[0])
+
+    save(w, "first")
+    sd["w"].to_local()[3, :] += 1.0
+    save(w, "in-place add")
+    sd["w"].to_local().numpy()[5, :] = 7.0
+    save(w, "numpy write")
+    sd["b"] = sd["b"] + 1
+    save(w, "fresh b")
+    save(StorageWriter(repo), "default writer")
+    if rank == 0:
+        with open(out, "w") as f:
+            f.write(" ".join(versions) + "\n")
 
 
 # ---- fixtures --------------------------------------------------------------------------
@@ -460,3 +571,63 @@ def test_concurrent_dcp_saves_to_one_branch_lose_nothing(saved_by_4, tmp_path):
     messages = [e.message for e in s.log("main")]
     assert len(messages) == ok + 1, messages  # every save that returned is in the history
     assert messages[-1] == "dcp save"
+
+
+@pytest.mark.parametrize("coordinator_read", ["before the move", "after the move"])
+def test_a_save_moving_the_branch_during_a_load_pins_the_coordinators_version(
+        saved_by_4, tmp_path, coordinator_read):
+    repo = copy_repo(saved_by_4, tmp_path)
+    old = th.Store.open(repo).version_hash("main")
+    out = str(tmp_path / "out.txt")
+    first = 0 if coordinator_read == "before the move" else 3
+    run(4, tmp_path, load_while_main_moves, repo, move_main_same_layout, first, out)
+    s = th.Store.open(repo)
+    new = s.version_hash("main")
+    assert new != old and [e.message for e in s.log("main")] == ["moved: w + 1", "dcp save"]
+    # the ranks resolved main to two versions, and all loaded the coordinator's (checked
+    # bit for bit in the ranks)
+    assert open(out).read().split() == ["loaded", old if first == 0 else new]
+
+
+def test_a_save_of_another_layout_moving_the_branch_during_a_load_raises(saved_by_4,
+                                                                          tmp_path):
+    repo = copy_repo(saved_by_4, tmp_path)
+    out = str(tmp_path / "out.txt")
+    run(4, tmp_path, load_while_main_moves, repo, move_main_other_layout, 0, out)
+    err = open(out).read()
+    assert issubclass(VersionMismatch, RuntimeError)
+    assert "VersionMismatch" in err and "differ from the coordinator" in err, err
+
+
+def test_a_reused_writer_saves_on_top_of_what_another_process_saved_in_between(tmp_path):
+    # the coordinator keeps the repository open between saves and takes in the other
+    # process's version (a stale view would lose the race: BranchMoved)
+    repo = str(tmp_path / "repo")
+    run(2, tmp_path, save_around_another_commit, repo)
+    s = th.Store.open(repo)
+    assert [e.message for e in s.log("main")] == ["second", "moved: w + 1", "first"]
+
+
+def test_trust_versions_skips_tensors_whose_version_counter_did_not_move(tmp_path):
+    repo = str(tmp_path / "repo")
+    out = str(tmp_path / "versions.txt")
+    run(2, tmp_path, save_trusting_versions, repo, out)
+    v1, v2, v3, v4, v5 = open(out).read().split()
+    s = th.Store.open(repo)
+    full = full_state(1)
+    rows = ROWS // 2
+
+    def w(v, r):
+        return s.get(f"w@{r * rows},0", at=v)
+
+    for r in (0, 1):  # every rank's shard
+        want = full["w"][r * rows:(r + 1) * rows].numpy().copy()
+        assert np.array_equal(w(v1, r), want)
+        want[3] += 1.0  # the in-place add is saved
+        assert np.array_equal(w(v2, r), want)
+        # the write through a .numpy() view moved no counter: not saved (the caveat)
+        assert np.array_equal(w(v3, r), want) and np.array_equal(w(v4, r), want)
+        want[5] = 7.0  # a default writer compares everything: saved
+        assert np.array_equal(w(v5, r), want)
+    assert np.array_equal(s.get("b", at=v3), full["b"].numpy())
+    assert np.array_equal(s.get("b", at=v4), full["b"].numpy() + 1)  # a fresh tensor

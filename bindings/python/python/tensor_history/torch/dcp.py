@@ -38,6 +38,7 @@ import dataclasses
 import io
 import os
 import pickle
+import time
 import uuid
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -67,8 +68,8 @@ from torch.futures import Future
 from .._core import Store
 from .._errors import DTypeMismatch, ShapeMismatch
 
-__all__ = ["StorageWriter", "StorageReader", "METADATA_NAME", "whole_tensors",
-           "export_safetensors"]
+__all__ = ["StorageWriter", "StorageReader", "METADATA_NAME", "VersionMismatch",
+           "whole_tensors", "export_safetensors"]
 
 #: The name of the tensor holding DCP's pickled ``Metadata`` in every DCP version.
 METADATA_NAME = ".dcp/metadata"
@@ -154,6 +155,14 @@ def _location(x) -> str:
     return os.fspath(x)
 
 
+def _version_key(t: torch.Tensor):
+    """What ``trust_versions`` compares between saves: memory, layout and in-place
+    version counter of a contiguous CPU tensor (``None`` for any other)."""
+    if t.device.type != "cpu" or not t.is_contiguous() or t.is_sparse:
+        return None
+    return (t.data_ptr(), t._version, tuple(t.shape), tuple(t.stride()), t.dtype)
+
+
 class StorageWriter(_DcpWriter):
     """Write DCP checkpoints as versions of the tensor-history repository at
     ``location`` (a directory, created if absent, or a URL such as ``s3://bucket/p``),
@@ -174,12 +183,22 @@ class StorageWriter(_DcpWriter):
     rank's save and decoding on load; by default they are stored as they are, as fast as
     DCP's own writer for a save in which everything changed. Either way a chunk already
     in the repository is not written again.
+
+    ``trust_versions=True`` skips, without reading it, a CPU tensor that is the same
+    memory (data pointer, shape, strides, dtype) with the same in-place version counter
+    (``tensor._version``) as at this writer's last save: torch advances the counter on
+    every in-place op (``add_``, ``copy_``, optimizers' ``foreach`` updates), so only the
+    tensors that changed are compared. The writer holds those tensors, so their memory
+    is not reused by others meanwhile. Writes that bypass the counter are missed and
+    the save stores the old values: through ``.numpy()`` views or ``.data``, and fused
+    optimizers (``Adam(fused=True)``) that leave the counters alone. Off by default.
     """
 
     def __init__(self, location, branch: str = "main", message: Optional[str] = None,
-                 compress: bool = False, **meta: Any) -> None:
+                 compress: bool = False, trust_versions: bool = False, **meta: Any) -> None:
         super().__init__()
         self.compress = bool(compress)
+        self.trust_versions = bool(trust_versions)
         self.location = _location(location)
         self.branch = branch
         self.message = message if message is not None else "dcp save"
@@ -189,11 +208,24 @@ class StorageWriter(_DcpWriter):
         self.save_id = uuid.uuid4().hex
         self.last_version: Optional[str] = None
         self.last_part = None
+        #: Seconds this rank's last save spent in each step of ``write_data`` and (on the
+        #: coordinator) ``finish``: for profiling.
+        self.times: dict = {}
         self._store: Optional[Store] = None
+        # trust_versions: item name -> (tensor, _version_key) at the last save
+        self._seen: dict = {}
+        self._repo: Optional[Store] = None  # the coordinator's, kept from save to save
+        self._repo_ready = False
 
     def reset(self, checkpoint_id=None) -> None:
-        if checkpoint_id:
+        if checkpoint_id and _location(checkpoint_id) != self.location:
             self.location = _location(checkpoint_id)
+            self._repo_ready = False
+            self._store = None
+            self._seen = {}
+            if self._repo is not None:
+                self._repo.close()
+                self._repo = None
         self.save_id = uuid.uuid4().hex
 
     def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
@@ -204,13 +236,25 @@ class StorageWriter(_DcpWriter):
         return plan
 
     def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
+        # The coordinator, before any rank's write_data: create the repository if it is
+        # absent, so that the ranks do not all create it at once. (Creation by
+        # concurrent writers is not safe on an object store: a writer that finds no
+        # config.json but another writer's first object raises UnsupportedFormat.) Once
+        # per writer; on a local directory only while it has no config.json.
+        if not self._repo_ready:
+            if not _is_repository(self.location):
+                Store.open(self.location).close()
+            self._repo_ready = True
         return plans
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
         # The rank's items of the last save stay in this writer's store: an item written
         # again keeps its unchanged chunks (and their hashes), so only changed chunks are
         # copied and hashed. A failed write starts from an empty store next time.
+        t0 = time.perf_counter()
         store, self._store = self._store or Store(), None
+        last_seen, self._seen = self._seen, {}
+        seen = {}
         pending = []
         for item in plan.items:
             data = planner.resolve_data(item)
@@ -221,16 +265,26 @@ class StorageWriter(_DcpWriter):
                 size = buf.nbytes
                 raw = (None, None)
             else:
-                arr, tag, raw_dtype = _to_numpy(data)
-                _put(store, name, arr, tag)
+                key = _version_key(data) if self.trust_versions else None
+                if key is not None:
+                    seen[name] = (data, key)
+                if not (key is not None and name in store
+                        and name in last_seen and last_seen[name][1] == key):
+                    arr, tag, _ = _to_numpy(data)
+                    _put(store, name, arr, tag)
+                raw_dtype = None if data.dtype in _NATIVE or data.dtype == torch.bfloat16 \
+                    else data.dtype
                 size = data.numel() * data.element_size()
                 raw = (raw_dtype, tuple(data.shape)) if raw_dtype is not None else (None, None)
             pending.append((item, name, size, raw))
         names = {name for _, name, _, _ in pending}
         for stale in [n for n in store.names() if n not in names]:
             store.remove(stale)
+        t1 = time.perf_counter()
         stats = store.write_part(self.location, compress=self.compress)
+        self.times = {"write_data.put": t1 - t0, "write_data.write_part": time.perf_counter() - t1}
         self._store = store
+        self._seen = seen
         manifests = dict(stats.items)
         self.last_part = stats
         results = [
@@ -249,16 +303,37 @@ class StorageWriter(_DcpWriter):
             for wr in wr_list:
                 storage_md[wr.index] = wr.storage_data
                 items.append((wr.storage_data.name, wr.storage_data.manifest))
+        t0 = time.perf_counter()
         metadata.storage_data = storage_md
         metadata.storage_meta = self.storage_meta()
         blob = pickle.dumps(metadata)
         meta_store = Store()
         meta_store.insert(METADATA_NAME, np.frombuffer(blob, dtype=np.uint8))
         items.extend(meta_store.write_part(self.location, compress=self.compress).items)
-        with Store.open(self.location) as repo:
+        t1 = time.perf_counter()
+        # The coordinator keeps the repository open from one save to the next and takes
+        # in what other processes saved since (refresh: new refs, versions and index
+        # files only) instead of opening it again (every version and index file, HEAD's
+        # manifests: on S3 a request each). After an error it is opened afresh.
+        repo, self._repo = self._repo, None
+        try:
+            if repo is None:
+                repo = Store.open(self.location)
+            else:
+                repo.refresh()
+            t2 = time.perf_counter()
             v = repo.commit_parts(self.branch, [items], self.message, **self.meta)
+            t3 = time.perf_counter()
             repo.save()
             self.last_version = repo.version_hash(v)
+        except BaseException:
+            if repo is not None:
+                repo.close()
+            raise
+        self._repo = repo
+        self.times.update({"finish.metadata_part": t1 - t0, "finish.open_or_refresh": t2 - t1,
+                           "finish.commit_parts": t3 - t2,
+                           "finish.save": time.perf_counter() - t3})
 
     def storage_meta(self) -> Optional[StorageMeta]:
         return StorageMeta(checkpoint_id=self.location, save_id=self.save_id)
@@ -282,8 +357,14 @@ class StorageReader(_DcpReader):
 
     Every rank reads only the stored items its load plan names, each once (chunks read
     from the repository on demand, checked against their hash). The version is resolved
-    once per ``dcp.load`` on each rank, and the coordinator checks that every rank
-    resolved the same one (a save that moved ``ref`` between them raises).
+    once per ``dcp.load`` on each rank. If a save moved ``ref`` between the ranks' reads,
+    the coordinator pins its own version for every rank when that is valid: when each
+    version's DCP metadata describes the same items (``state_dict_metadata`` equal, and
+    ``storage_data`` naming the same stored items with the same dtypes, which is what
+    the ranks' plans were made from), so every rank loads that one version. Otherwise
+    (another layout, such as a save by another world size) the load raises
+    ``VersionMismatch`` (a ``RuntimeError``, in DCP's ``CheckpointException``): load a
+    fixed version (a tag or a content address) instead.
     """
 
     def __init__(self, location, ref: str = "main") -> None:
@@ -331,14 +412,33 @@ class StorageReader(_DcpReader):
 
     def prepare_global_plan(self, plans: list[LoadPlan]) -> list[LoadPlan]:
         seen = {p.storage_data for p in plans}
-        if len(seen) > 1:
-            raise RuntimeError(
-                f"ranks resolved {self.ref!r} to different versions {sorted(seen)}: it moved "
-                "during the load; load a fixed version (a tag or a content address)"
+        if len(seen) <= 1:
+            return plans
+        # A save moved `ref` between the ranks' read_metadata. Every rank's plan was made
+        # from the metadata it read; pinning this coordinator's version for all is valid
+        # when every version's metadata describes the same stored items. (A fresh
+        # store: the other ranks' versions may be newer than this one's open.)
+        store = Store.open(self.location)
+        mine = _layout(_read_metadata(store, self.version))
+        differ = sorted(v for v in seen - {self.version}
+                        if _layout(_read_metadata(store, v)) != mine)
+        if differ:
+            raise VersionMismatch(
+                f"ranks resolved {self.ref!r} to different versions {sorted(seen)} (it moved "
+                f"during the load) whose DCP metadata differ from the coordinator's "
+                f"{self.version} ({', '.join(differ)}): no one version fits every rank's "
+                "plan; load a fixed version (a tag or a content address)"
             )
-        return plans
+        return [dataclasses.replace(p, storage_data=self.version) for p in plans]
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
+        if plan.storage_data is not None and plan.storage_data != self.version:
+            # The coordinator pinned its version (ref moved between the ranks' reads):
+            # read that version's items, named by its own metadata (reopened: the
+            # version may be newer than this rank's open).
+            self._store = None
+            self.version = plan.storage_data
+            self.storage_data = _read_metadata(self._open(), self.version).storage_data
         store = self._open()
         by_name: dict[str, list] = {}
         for req in plan.items:
@@ -392,6 +492,22 @@ class StorageReader(_DcpReader):
 
 def _read_metadata(store: Store, version: str) -> Metadata:
     return pickle.loads(store.get(METADATA_NAME, at=version).tobytes())
+
+
+class VersionMismatch(RuntimeError):
+    """The ranks of one ``dcp.load`` resolved the reader's ``ref`` to versions whose DCP
+    metadata differ (a save of another layout moved the ref during the load), so no one
+    version fits every rank's plan."""
+
+
+def _layout(md: Metadata):
+    """What a load plan depends on in a version's DCP metadata: the items and their
+    chunks (``state_dict_metadata``) and, per item, the stored tensor's name and raw
+    dtype and shape. Not the manifest ids (they change with the data, which the pinned
+    version supplies) nor ``storage_meta`` (the save's ids)."""
+    items = {idx: (it.name, it.raw_dtype, it.raw_shape)
+             for idx, it in (md.storage_data or {}).items()}
+    return md.state_dict_metadata, items
 
 
 def whole_tensors(location, ref: str = "main") -> dict:
