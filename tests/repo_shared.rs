@@ -1104,3 +1104,28 @@ fn a_dense_save_on_versions_another_stores_gc_recorded_writes_them_again_and_rea
     let tip = c.resolve("exp2").unwrap();
     assert_eq!(c.message(tip).unwrap(), "dense 3");
 }
+
+#[test]
+fn a_store_that_finds_another_creating_the_repository_at_the_same_time_joins_it() {
+    let inner = Arc::new(MemoryBackend::new());
+    let hooked = Hooked::new(&inner);
+    let other = inner.clone();
+    let created = Arc::new(Mutex::new(None));
+    let slot = created.clone();
+    // Between this store's read of config.json (absent) and its listing of the
+    // location, another store creates the repository and saves into it.
+    hooked.set(move |op, prefix| {
+        if matches!(op, Op::List) && prefix.is_empty() && slot.lock().unwrap().is_none() {
+            let mut b = Store::with_config(config()).unwrap();
+            b.insert("w", &ramp(&[64], 0.0)).unwrap();
+            b.commit("other").unwrap();
+            b.save_to(other.clone()).unwrap();
+            *slot.lock().unwrap() = Some(b.version_hash(b.head().unwrap()).unwrap());
+        }
+    });
+    let a = Store::open_backend(hooked.clone(), config()).expect("joins the new repository");
+    let saved = created.lock().unwrap().expect("the other store saved");
+    let main = a.resolve("main").unwrap();
+    assert_eq!(a.version_hash(main).unwrap(), saved);
+    a.verify().unwrap();
+}

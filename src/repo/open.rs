@@ -21,6 +21,7 @@ use super::generation::GcView;
 use super::refs;
 use super::RepoChunks;
 use super::RepoLink;
+use crate::buffer::Bytes;
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::hash::ContentHash;
@@ -60,6 +61,14 @@ impl RepoLink {
             Ok(b) => b,
             Err(e) if is_not_found(&e) => {
                 if !backend.list("")?.is_empty() {
+                    // Another process may have created the repository between the read
+                    // above and the listing: a repository's first object is its
+                    // config.json, so it is there now if the objects listed are its.
+                    match backend.get(CONFIG_KEY) {
+                        Ok(b) => return RepoLink::connect_with(backend, b),
+                        Err(e) if is_not_found(&e) => {}
+                        Err(e) => return Err(e),
+                    }
                     return Err(Error::UnsupportedFormat {
                         path: format!("{}/{CONFIG_KEY}", backend.location()),
                         found: "a non-empty location without a tensor-history config.json".into(),
@@ -78,6 +87,12 @@ impl RepoLink {
             }
             Err(e) => return Err(e),
         };
+        RepoLink::connect_with(backend, config)
+    }
+
+    /// [`connect`](RepoLink::connect) once the repository's config.json (`config`) is
+    /// read.
+    fn connect_with(backend: Arc<dyn Backend>, config: Bytes) -> Result<RepoLink> {
         let config_bytes = config.to_vec();
         let config: ConfigJson =
             parse_json(CONFIG_KEY, &config).map_err(|_| Error::UnsupportedFormat {
