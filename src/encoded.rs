@@ -44,6 +44,8 @@ pub(crate) struct EncodedChunk {
 
 #[derive(Debug)]
 struct Base {
+    /// The base chunk's id.
+    id: ContentHash,
     src: Arc<EncodedChunk>,
 }
 
@@ -56,6 +58,12 @@ impl EncodedChunk {
             depth,
             decoded: Mutex::new(None),
         }
+    }
+
+    /// The encoded form, and the id of the base for a delta (`None`: byte planes), as
+    /// [`codec::encode`] wrote them: what a pack stores for this chunk.
+    pub(crate) fn form(&self) -> (&[u8], Option<ContentHash>) {
+        (&self.bytes, self.base.as_ref().map(|b| b.id))
     }
 
     /// The decoded bytes some handle still keeps.
@@ -100,6 +108,13 @@ impl ChunkSource for EncodedChunk {
     fn in_memory(&self) -> bool {
         true
     }
+}
+
+/// The encoded form behind an encoded chunk, borrowed.
+pub(crate) fn encoded_ref(c: &Chunk) -> Option<&EncodedChunk> {
+    let src: &dyn ChunkSource = &**c.source()?;
+    let any: &(dyn std::any::Any + Send + Sync) = src;
+    any.downcast_ref::<EncodedChunk>()
 }
 
 /// The encoded form behind an encoded chunk.
@@ -270,8 +285,8 @@ fn encode_item(it: &Item, done: &Done) -> Option<(usize, Chunk, Chunk)> {
     let (bytes, base) = match e.method() {
         Method::Raw => return None,
         Method::XorPlanes => {
-            let (_, _, src) = base.expect("a delta has a base");
-            (e.into_bytes(), Some(Base { src }))
+            let (id, _, src) = base.expect("a delta has a base");
+            (e.into_bytes(), Some(Base { id, src }))
         }
         _ => (e.into_bytes(), None),
     };

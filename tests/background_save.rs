@@ -439,8 +439,8 @@ fn chunks_of(s: &Store, id: tensor_history::VersionId) -> Vec<tensor_history::Ch
 }
 
 #[test]
-fn the_budget_leaves_what_a_save_writes_raw_and_a_saved_parent_stays_on_the_heap_for_the_next_save(
-) {
+fn the_budget_leaves_what_a_save_writes_raw_and_a_saved_parent_stays_on_the_heap_for_the_next_save()
+{
     let gated = Arc::new(Gated::default());
     let backend: Arc<dyn Backend> = gated.clone();
     let mut s = Store::with_config(Config {
@@ -464,7 +464,9 @@ fn the_budget_leaves_what_a_save_writes_raw_and_a_saved_parent_stays_on_the_heap
     s.enforce_memory_budget();
     assert!(s.save_in_flight());
     assert!(
-        chunks_of(&s, captured).iter().all(|c| !c.is_encoded() && !c.is_stored()),
+        chunks_of(&s, captured)
+            .iter()
+            .all(|c| !c.is_encoded() && !c.is_stored()),
         "the version being saved was encoded in memory"
     );
     gated.set(false);
@@ -475,7 +477,10 @@ fn the_budget_leaves_what_a_save_writes_raw_and_a_saved_parent_stays_on_the_heap
     // taken against its chunks, which stay on the heap until that save.
     assert!(chunks_of(&s, captured).iter().all(|c| !c.is_stored()));
     let stats = s.save().unwrap();
-    assert!(stats.chunk_bytes_stored < stats.chunk_bytes_raw, "{stats:?}");
+    assert!(
+        stats.chunk_bytes_stored < stats.chunk_bytes_raw,
+        "{stats:?}"
+    );
     assert!(chunks_of(&s, captured).iter().all(|c| c.is_stored()));
     assert!(chunks_of(&s, next).iter().all(|c| c.is_stored()));
     let head = s.head().unwrap();

@@ -211,3 +211,67 @@ fn diff_and_export_read_encoded_versions() {
     t.import_safetensors(&path).unwrap();
     assert_eq!(t.get::<f32>("w").unwrap(), copies[1].1);
 }
+
+#[test]
+fn a_save_writes_the_chunks_held_coded_as_they_are_and_they_read_back() {
+    // Twice the delta chain's bound, so that chains restart on disk as in memory.
+    let steps = 2 * tensor_history::MAX_DELTA_CHAIN + 3;
+    let (mut s, copies) = dense(Some(0), steps);
+    s.enforce_memory_budget();
+    let coded: usize = copies
+        .iter()
+        .map(|(v, _, _)| {
+            let snap = s.snapshot(*v).unwrap();
+            ["w", "m"]
+                .iter()
+                .map(|n| {
+                    snap.tensor(n)
+                        .unwrap()
+                        .chunks()
+                        .filter(|c| c.is_encoded())
+                        .count()
+                })
+                .sum::<usize>()
+        })
+        .sum();
+    assert!(coded > 0);
+    let backend: std::sync::Arc<dyn tensor_history::Backend> =
+        std::sync::Arc::new(tensor_history::MemoryBackend::new());
+    let first = s.save_to(backend.clone()).unwrap();
+    // The chunks held coded are written so (a chunk shared by versions counts once).
+    assert!(first.chunks_written_as_held > 0, "{first:?}");
+    assert!(first.chunks_written_as_held <= coded, "{first:?}");
+    assert!(
+        first.chunk_bytes_stored * 2 < first.chunk_bytes_raw,
+        "{first:?}"
+    );
+    check_all(&s, &copies);
+    // More dense steps on top, held coded against bases the repository holds now.
+    let (v, w, m) = copies.last().cloned().unwrap();
+    drop(s);
+    let mut s = Store::open_backend(
+        backend.clone(),
+        Config {
+            chunk_bytes: 16 * 1024,
+            memory_budget: Some(0),
+            ..Config::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(s.head(), Some(v));
+    let mut more = vec![(v, w, m)];
+    for step in 0..5 {
+        s.update_map::<f32>("w", move |x| x * (1.0 - 1e-4) + step as f32 * 1e-6)
+            .unwrap();
+        let id = s.commit(&format!("more {step}")).unwrap();
+        more.push((id, s.get::<f32>("w").unwrap(), s.get::<f32>("m").unwrap()));
+    }
+    s.enforce_memory_budget();
+    let second = s.save().unwrap();
+    assert!(second.chunks_written_as_held > 0, "{second:?}");
+    drop(s);
+    let r = Store::open_backend(backend, Config::default()).unwrap();
+    r.verify().unwrap();
+    check_all(&r, &copies);
+    check_all(&r, &more);
+}

@@ -277,6 +277,10 @@ pub(crate) struct NewChunk<'a> {
     pub(crate) chunk: &'a Chunk,
     pub(crate) width: usize,
     pub(crate) base: Option<(ContentHash, &'a Chunk)>,
+    /// The chunk's coded form when it is already held coded (a chunk the memory budget
+    /// encoded): written as it is instead of decoded and coded again. Its base, for a
+    /// delta, is in the repository or written by the same save.
+    pub(crate) coded: Option<(&'a [u8], Form)>,
 }
 
 /// A chunk in the form a pack stores it, ready to write.
@@ -561,7 +565,9 @@ fn gather_packs<'a>(
             end += 1;
         }
         let group = &chunks[start..end];
-        for c in group {
+        // Chunks held coded are written as they are (when this save codes at all).
+        let coded = |c: &NewChunk<'a>| c.coded.filter(|_| code && format != FORMAT_V1);
+        for c in group.iter().filter(|c| coded(c).is_none()) {
             c.chunk.load()?;
             if let Some((_, b)) = &c.base {
                 // A base that does not read is no base: the chunk is stored whole.
@@ -570,6 +576,7 @@ fn gather_packs<'a>(
         }
         let jobs: Vec<_> = group
             .iter()
+            .filter(|c| coded(c).is_none())
             .map(|c| {
                 let chunk: &'a Chunk = c.chunk;
                 let base = c
@@ -579,7 +586,19 @@ fn gather_packs<'a>(
                 (c.id, chunk.data(), c.width, base)
             })
             .collect();
-        for st in store_chunks(format, &jobs, code) {
+        let mut fresh = store_chunks(format, &jobs, code).into_iter();
+        for c in group {
+            let st = match coded(c) {
+                Some((bytes, form)) => Stored {
+                    id: c.id,
+                    bytes: Cow::Borrowed(bytes),
+                    raw_len: c.chunk.len_bytes() as u64,
+                    form,
+                },
+                None => fresh.next().ok_or_else(|| Error::Internal {
+                    reason: "fewer coded chunks than chunks to code".into(),
+                })?,
+            };
             if !pending.is_empty() && pending_bytes + st.bytes.len() > PACK_TARGET_BYTES {
                 if !emit(std::mem::take(&mut pending)) {
                     return Ok(());

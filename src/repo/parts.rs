@@ -192,6 +192,7 @@ impl Store {
                     chunk: c,
                     width,
                     base: None,
+                    coded: None,
                 });
             }
         }

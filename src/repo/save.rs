@@ -16,10 +16,11 @@ use super::format::{
     RefEntry, VersionBody, HEAD_KEY,
 };
 use super::generation::{forget_collected, now_ns};
-use super::pack::{write_packs, Loc, NewChunk, MAX_DELTA_CHAIN};
+use super::pack::{write_packs, Form, Loc, NewChunk, MAX_DELTA_CHAIN};
 use super::refs;
 use super::RepoLink;
 use crate::chunk::{Chunk, Pool};
+use crate::encoded::encoded_ref;
 use crate::error::{Error, Result};
 use crate::hash::ContentHash;
 use crate::history::{check_ref_name_len, Head, History};
@@ -51,6 +52,10 @@ pub struct SaveStats {
     /// `docs/FORMAT.md`, "Stored forms"), without alignment padding. At most
     /// `chunk_bytes_raw`.
     pub chunk_bytes_stored: u64,
+    /// Of the chunks written, those written in the coded form the memory budget held
+    /// them in (no decoding and coding again).
+    #[serde(default)]
+    pub chunks_written_as_held: usize,
 }
 
 /// A tensor's manifest object and its id. Refuses a layout the manifest reader refuses
@@ -655,19 +660,32 @@ fn write_objects(
                 stats.chunks_present += 1;
             }
         } else if new_ids.insert(h) {
+            let chain = |bh: &ContentHash| {
+                let n = links.get(bh).copied().or_else(|| b.chain_links(bh))?;
+                (n < MAX_DELTA_CHAIN).then_some(n)
+            };
+            // A chunk the memory budget holds coded is written in that form when its
+            // base (for a delta) is in the repository or new in this save, within the
+            // chain bound: no decoding and coding again.
+            let coded = encoded_ref(c).and_then(|e| match e.form() {
+                (bytes, None) => Some((bytes, Form::Planes, 1)),
+                (bytes, Some(bh)) => Some((bytes, Form::Delta(bh.0), chain(&bh)? + 1)),
+            });
             let base = base
                 .and_then(|bc| Some((bc.cached_hash()?, bc)))
                 .filter(|(bh, _)| *bh != h)
-                .and_then(|(bh, bc)| {
-                    let n = links.get(&bh).copied().or_else(|| b.chain_links(&bh))?;
-                    (n < MAX_DELTA_CHAIN).then_some((bh, bc, n))
-                });
-            links.insert(h, base.map_or(1, |(_, _, n)| n + 1));
+                .and_then(|(bh, bc)| Some((bh, bc, chain(&bh)?)));
+            let n = match (coded, base) {
+                (Some((_, _, n)), _) => n,
+                (None, base) => base.map_or(1, |(_, _, n)| n + 1),
+            };
+            links.insert(h, n);
             new.push(NewChunk {
                 id: h,
                 chunk: c,
                 width,
                 base: base.map(|(bh, bc, _)| (bh, bc)),
+                coded: coded.map(|(bytes, form, _)| (bytes, form)),
             });
         }
     }
@@ -675,6 +693,9 @@ fn write_objects(
     // Packs, then one index of them.
     let mut rewrote: HashSet<String> = HashSet::new();
     let mut index = IndexBody::default();
+    if b.chunks.format() != super::format::FORMAT_V1 {
+        stats.chunks_written_as_held += new.iter().filter(|c| c.coded.is_some()).count();
+    }
     for pack in write_packs(&*backend, b.chunks.format(), &new, true)? {
         let key = pack_key(&pack.id);
         if b.gc_keys.contains(&key) {

@@ -116,6 +116,9 @@ pub(crate) struct PySaveStats {
     chunk_bytes_raw: u64,
     /// Bytes those chunks take in the packs (coded: byte planes or deltas).
     chunk_bytes_stored: u64,
+    /// Of the chunks written, those written in the coded form the memory budget held
+    /// them in (not decoded and coded again).
+    chunks_written_as_held: usize,
 }
 
 impl From<SaveStats> for PySaveStats {
@@ -130,6 +133,7 @@ impl From<SaveStats> for PySaveStats {
             bytes_written: s.bytes_written,
             chunk_bytes_raw: s.chunk_bytes_raw,
             chunk_bytes_stored: s.chunk_bytes_stored,
+            chunks_written_as_held: s.chunks_written_as_held,
         }
     }
 }
@@ -140,7 +144,7 @@ impl PySaveStats {
         format!(
             "SaveStats(versions_written={}, chunks_written={}, chunks_present={}, \
              packs_written={}, manifests_written={}, refs_written={}, bytes_written={}, \
-             chunk_bytes_raw={}, chunk_bytes_stored={})",
+             chunk_bytes_raw={}, chunk_bytes_stored={}, chunks_written_as_held={})",
             self.versions_written,
             self.chunks_written,
             self.chunks_present,
@@ -149,7 +153,8 @@ impl PySaveStats {
             self.refs_written,
             self.bytes_written,
             self.chunk_bytes_raw,
-            self.chunk_bytes_stored
+            self.chunk_bytes_stored,
+            self.chunks_written_as_held
         )
     }
 }

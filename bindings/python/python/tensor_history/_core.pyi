@@ -124,6 +124,9 @@ class SaveStats:
     @property
     def chunk_bytes_stored(self) -> int:
         """Bytes those chunks take in the packs (byte planes, deltas)."""
+    @property
+    def chunks_written_as_held(self) -> int:
+        """Chunks written in the coded form the memory budget held them in (not coded again)."""
 
 class PartStats:
     """What ``write_part`` wrote: one writer's part of a version several writers make."""
