@@ -80,6 +80,10 @@ pub struct Config {
     /// [`Store::enforce_memory_budget`](crate::Store::enforce_memory_budget) encodes at
     /// once. HEAD and the working state stay raw, so the budget can be exceeded by them
     /// (and by what no codec saves): it is a target, not a hard limit.
+    /// With a repository, versions already saved, or captured by a background save in
+    /// flight, are not encoded: a save's end evicts their chunks (the repository holds
+    /// them), except a saved parent of a version not saved yet, kept raw until the next
+    /// save (its delta bases). A save writes chunks held encoded in their coded form.
     /// Of the raw buffers an encoding frees, the buffer pool (see `recycle_bytes`) keeps
     /// as many as the working state has chunks, so the next dense commit copies into
     /// memory that is already mapped: the store holds about the budget plus one working
