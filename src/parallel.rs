@@ -10,7 +10,8 @@
 //! its threads do not exist there).
 //!
 //! Work of the crate's own background threads (the memory budget's encoding pass, the
-//! writer of a background save) runs on a second pool. A parallel loop on the caller's
+//! writer of a background save) runs on a second pool, of one thread fewer than the
+//! machine has cores (at least one), so that it leaves a core to the caller's thread. A parallel loop on the caller's
 //! thread (the compare and copy of a `keep()`, the write-back of a revert) then never
 //! queues behind theirs: rayon's workers finish the jobs of the loop they are in before
 //! they take a job injected from outside, so one shared pool made a 30 MiB revert wait
@@ -61,7 +62,12 @@ fn pool(background: bool) -> Option<&'static ThreadPool> {
     }
     let builder = ThreadPoolBuilder::new();
     let builder = if background {
+        // One core fewer than the machine has (at least one thread): background work
+        // (the budget's encoding, a background save) leaves a core to the thread that
+        // trains, instead of taking turns with it on every core.
+        let cores = std::thread::available_parallelism().map_or(1, usize::from);
         builder
+            .num_threads(cores.saturating_sub(1).max(1))
             .thread_name(|i| format!("tensor-history-bg-{i}"))
             .start_handler(|_| self::background())
     } else {
