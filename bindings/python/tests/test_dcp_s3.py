@@ -21,11 +21,11 @@ from test_dcp import (  # noqa: F401  (_own_process: the autouse fixture applies
     COLS,
     ROWS,
     _own_process,
+    check_one_percent_save,
     failing_save,
     load_and_check,
     run,
     save_step,
-    save_twice_counting_bytes,
 )
 
 import tensor_history as th
@@ -70,20 +70,7 @@ def test_s3_a_save_by_4_ranks_is_one_version_that_loads_into_4_2_and_1_ranks(
 
 def test_s3_a_second_save_with_1_percent_changed_writes_about_1_percent_of_the_bytes(
         tmp_path):
-    repo = _s3_prefix() + "/one-percent"
-    out = str(tmp_path / "bytes.txt")
-    run(4, tmp_path, save_twice_counting_bytes, repo, out)
-    first, second, dense, v2 = open(out).read().split()
-    first, second, dense = int(first), int(second), int(dense)
-    model = ROWS * COLS * 4
-    assert first >= model, (first, model)
-    assert second < 0.02 * first, (second, first)
-    assert dense >= model, (dense, model)
-    s = th.Store.open(repo)
-    assert [e.message for e in s.log("main")] == ["dense", "second", "first"]
-    a = s.get("w@0,0", at=v2)
-    b = s.get("w@0,0", at=s.log("main")[2].id)
-    assert np.flatnonzero((a != b).any(axis=1)).tolist() == [3]
+    check_one_percent_save(_s3_prefix() + "/one-percent", tmp_path)
 
 
 def test_s3_a_rank_failing_in_write_data_leaves_no_new_version_and_gc_cleans_up(
