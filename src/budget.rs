@@ -222,7 +222,8 @@ impl Store {
         };
         self.collect_pass();
         let mut m = self.memory();
-        if self.budget.running() {
+        let behind = self.budget.running();
+        if behind {
             if m.raw_held <= budget.saturating_mul(2) {
                 return;
             }
@@ -237,6 +238,14 @@ impl Store {
         }
         let plan = self.plan(held, budget);
         if plan.versions.is_empty() {
+            return;
+        }
+        if behind {
+            // Commits ran ahead of the encoder and this one waits anyway: the next pass
+            // runs here, on the foreground pool (every core, this thread's too), rather
+            // than on the background pool (one core fewer) while this thread idles.
+            let done = run(plan);
+            self.apply(done);
             return;
         }
         self.budget.start(plan);

@@ -75,8 +75,9 @@ pub struct Config {
     /// export, save) decodes what it reads. A revert to HEAD never waits for encoding,
     /// and a commit (a `keep`) waits only when commits ran ahead of the encoder: while a
     /// pass runs and the raw bytes held (HEAD and the working state included) are past
-    /// twice the budget, the commit waits for that pass and starts the next (without
-    /// this, commits faster than the encoder let raw versions pile up without bound).
+    /// twice the budget, the commit waits for that pass and runs the next one itself, on
+    /// every core (without this, commits faster than the encoder let raw versions pile up
+    /// without bound).
     /// [`Store::enforce_memory_budget`](crate::Store::enforce_memory_budget) encodes at
     /// once. HEAD and the working state stay raw, so the budget can be exceeded by them
     /// (and by what no codec saves): it is a target, not a hard limit.
