@@ -11,11 +11,12 @@
 //!
 //! Work of the crate's own background threads (the memory budget's encoding pass, the
 //! writer of a background save) runs on a second pool, of one thread fewer than the
-//! machine has cores (at least one), so that it leaves a core to the caller's thread. A parallel loop on the caller's
-//! thread (the compare and copy of a `keep()`, the write-back of a revert) then never
-//! queues behind theirs: rayon's workers finish the jobs of the loop they are in before
-//! they take a job injected from outside, so one shared pool made a 30 MiB revert wait
-//! for a whole encoding pass (hundreds of milliseconds) while it needed about 5.
+//! machine has cores (at least one), so that it leaves a core to the caller's thread.
+//! A parallel loop on the caller's thread (the compare and copy of a `keep()`, the
+//! write-back of a revert) then never queues behind theirs: rayon's workers finish the
+//! jobs of the loop they are in before they take a job injected from outside, so one
+//! shared pool made a 30 MiB revert wait for a whole encoding pass (hundreds of
+//! milliseconds) while it needed about 5.
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicPtr, Ordering};
