@@ -747,6 +747,14 @@ fn gc(repo: &mut Repo, side: &mut Side) {
         .extend(repo.pruned.iter().map(|(h, p)| (*h, p.clone())));
 }
 
+/// gc with no grace; every other step also re-bases chunks stored whole (which must
+/// change nothing any version reads).
+fn gc_options(step: usize) -> GcOptions {
+    let mut o = GcOptions::immediate();
+    o.rebase = step.is_multiple_of(2);
+    o
+}
+
 /// One step of the test.
 #[derive(Clone, Debug)]
 enum Step {
@@ -857,7 +865,7 @@ fn run(steps: &[Step]) -> Result<(), TestCaseError> {
                 if a.save(&mut repo, &backend)? {
                     let mut b = Side::open(&repo, &backend)?;
                     b.store
-                        .gc_with(&GcOptions::immediate())
+                        .gc_with(&gc_options(n))
                         .map_err(|e| TestCaseError::fail(format!("gc by a second store: {e}")))?;
                     gc(&mut repo, &mut b);
                     check(&b.store, &b.model)?;
@@ -870,7 +878,7 @@ fn run(steps: &[Step]) -> Result<(), TestCaseError> {
                 prune_unreachable(&mut a, n)?;
                 if a.save(&mut repo, &backend)? {
                     a.store
-                        .gc_with(&GcOptions::immediate())
+                        .gc_with(&gc_options(n))
                         .map_err(|e| TestCaseError::fail(format!("gc: {e}")))?;
                     gc(&mut repo, &mut a);
                     check(&a.store, &a.model)?;

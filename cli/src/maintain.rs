@@ -53,12 +53,17 @@ pub(crate) struct PruneArgs {
     drop_unreachable: bool,
 }
 
-/// `gc [--dry-run]`.
+/// `gc [--dry-run] [--rebase]`.
 #[derive(Debug, Args)]
 pub(crate) struct GcArgs {
     /// Report what would be deleted without deleting or writing anything.
     #[arg(long)]
     dry_run: bool,
+    /// Also store chunks that were saved whole (DCP saves, parts, histories saved
+    /// without deltas) as XOR deltas against their parent version's chunks where that
+    /// is smaller, rewriting their packs (decodes and encodes those chunks).
+    #[arg(long, conflicts_with = "dry_run")]
+    rebase: bool,
     /// Delete only data that a previous gc found unreferenced at least this many seconds
     /// ago, so that a save running in another process never loses data. 0 deletes at
     /// once: only safe when nothing else writes to the repository.
@@ -158,6 +163,7 @@ pub(crate) fn gc(mut repo: Repo, out: &Output, args: &GcArgs) -> CliResult<()> {
     options.grace = std::time::Duration::from_secs(args.grace);
     options.delete_within = std::time::Duration::from_secs(args.delete_within);
     options.dry_run = args.dry_run;
+    options.rebase = args.rebase;
     let stats = repo.store.gc_with(&options).context(&ctx);
     bar.finish_and_clear();
     let stats = stats?;
@@ -170,6 +176,9 @@ pub(crate) fn gc(mut repo: Repo, out: &Output, args: &GcArgs) -> CliResult<()> {
             "objects_deleted": stats.objects_deleted,
             "bytes_deleted": stats.bytes_deleted,
             "packs_rewritten": stats.packs_rewritten,
+            "chunks_rebased": stats.chunks_rebased,
+            "rewritten_bytes_before": stats.rewritten_bytes_before,
+            "rewritten_bytes_after": stats.rewritten_bytes_after,
         }));
     }
     let verb = if args.dry_run {
@@ -185,6 +194,14 @@ pub(crate) fn gc(mut repo: Repo, out: &Output, args: &GcArgs) -> CliResult<()> {
         bytes(stats.bytes_deleted),
         stats.packs_rewritten
     );
+    if stats.packs_rewritten > 0 {
+        println!(
+            "rewritten packs: {} -> {} ({} chunks re-based as deltas)",
+            bytes(stats.rewritten_bytes_before),
+            bytes(stats.rewritten_bytes_after),
+            stats.chunks_rebased
+        );
+    }
     if stats.candidates_recorded > 0 {
         println!(
             "{} unreferenced objects recorded; a gc {}s or more from now deletes them",

@@ -372,3 +372,38 @@ fn export_of_a_dcp_version_writes_whole_tensors_unless_asked_for_the_shards() {
         [".dcp/metadata", "w@0,0", "w@2,0"]
     );
 }
+
+#[test]
+fn gc_rebase_stores_parts_written_whole_as_deltas_and_refuses_a_dry_run() {
+    // Dense steps written as parts (every chunk whole, as DCP saves write them).
+    let d = tempfile::tempdir().unwrap();
+    let repo = d.path().join("repo");
+    let loc = repo.to_str().unwrap();
+    let mut c = Store::open(&repo).unwrap();
+    let mut w: Vec<f32> = (0..200_000).map(|i| (i as f32 * 0.01).sin()).collect();
+    for step in 0..3 {
+        let mut writer = Store::new();
+        writer
+            .insert("w", &ndarray::Array1::from_vec(w.clone()))
+            .unwrap();
+        let part = writer.write_part(loc).unwrap().part;
+        c.commit_parts("main", &[part], &format!("step {step}"), Default::default())
+            .unwrap();
+        c.save().unwrap();
+        w.iter_mut().for_each(|x| *x *= 1.0 - 3e-5);
+    }
+    drop(c);
+    let before = files(&repo);
+    let out = th(Some(&repo), &["gc", "--rebase", "--dry-run"]);
+    assert_eq!(out.code, 2, "{}", out.stderr);
+    assert_eq!(files(&repo), before, "a refused gc writes nothing");
+    let bytes_before = dir_bytes(&repo);
+    let v = th(Some(&repo), &["--json", "gc", "--grace", "0", "--rebase"])
+        .ok()
+        .json();
+    assert_eq!(v["chunks_rebased"], 2 * 4, "{v}");
+    assert!(dir_bytes(&repo) * 4 < bytes_before * 3, "{v}");
+    th(Some(&repo), &["verify"]).ok();
+    let out = th(Some(&repo), &["gc", "--grace", "0", "--rebase"]).ok().stdout;
+    assert!(out.contains("0 packs rewritten"), "{out}");
+}

@@ -37,6 +37,7 @@ mod object;
 mod open;
 mod pack;
 mod parts;
+mod rebase;
 mod refs;
 mod save;
 
@@ -50,4 +51,5 @@ pub(crate) use link::{resolve_prefix, RepoLink};
 pub use object::parse_object;
 pub use open::RefreshStats;
 pub use parts::{Part, PartChunks, PartStats};
+pub use rebase::REBASE_BELOW;
 pub use save::SaveStats;

@@ -14,6 +14,12 @@ is measured in float32 and in bfloat16 (the float32 values rounded to nearest).
 
 Per sequence and dtype, the checkpoints are saved one after another into
 - a tensor-history repository (`Store.sync` of every tensor, `commit`, `save`),
+- a tensor-history repository written as DCP saves write it: each checkpoint as one part
+  of a fresh writer (`Store.write_part`, whole chunks: a part has no parent to take
+  deltas against) committed with `commit_parts`; then `gc(rebase=True, grace=0)`, which
+  stores those chunks again as deltas against the previous checkpoint's
+  (`disk_10v[parts, before gc rebase]` against the same repository after it; the gc's
+  time on stderr),
 - one safetensors file per checkpoint (the raw bytes; the baseline of `disk[safetensors]`),
 - an Icechunk repository holding one Zarr array per tensor, chunks of the store's chunk
   size, one commit per checkpoint, compressed with Blosc (zstd level 3, byte shuffle) and,
@@ -70,6 +76,20 @@ def save_store(seq: list, repo: str) -> float:
         took += time.perf_counter() - t0
     s.close()
     return took
+
+
+def save_parts(seq: list, repo: str) -> tuple[float, "th.Store"]:
+    c = th.Store.open(repo)
+    took = 0.0
+    for i, tensors in enumerate(seq):
+        w = th.Store()
+        w.sync(tensors)
+        t0 = time.perf_counter()
+        part = w.write_part(repo)
+        c.commit_parts("main", [part.items], f"checkpoint {i}")
+        c.save()
+        took += time.perf_counter() - t0
+    return took, c
 
 
 def save_safetensors(seq: list, out: str) -> float:
@@ -165,6 +185,21 @@ def main() -> int:
                 d = os.path.join(tmp, peer)
                 t = save_icechunk(seq, d, "blosc" if peer == "blosc" else "zstd")
                 sides[f"icechunk {peer}"] = (t, disk_bytes(d))
+            parts_dir = os.path.join(tmp, "parts")
+            t_parts, c = save_parts(seq, parts_dir)
+            d_parts = disk_bytes(parts_dir)
+            t0 = time.perf_counter()
+            gst = c.gc(grace=0, rebase=True)
+            t_gc = time.perf_counter() - t0
+            d_rebased = disk_bytes(parts_dir)
+            c.close()
+            shutil.rmtree(parts_dir, ignore_errors=True)
+            print(f"  parts: {d_parts} bytes ({raw / d_parts:.2f}x) in {t_parts:.1f} s; "
+                  f"gc rebase {t_gc:.1f} s ({gst.chunks_rebased} chunks, "
+                  f"{gst.packs_rewritten} packs): {d_rebased} bytes ({raw / d_rebased:.2f}x)",
+                  file=sys.stderr)
+            rep.add(f"{label}/disk[parts, before gc rebase]", "bytes", float(d_parts),
+                    float(d_rebased))
             ts, ds = sides.pop("store")
             print(f"  raw {raw} bytes; tensor-history {ds} bytes ({raw / ds:.2f}x), "
                   f"{ts:.1f} s", file=sys.stderr)

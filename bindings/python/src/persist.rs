@@ -277,8 +277,15 @@ pub(crate) struct PyGcStats {
     objects_deleted: usize,
     /// Bytes of the objects deleted.
     bytes_deleted: u64,
-    /// Mostly-dead packs rewritten with only their live chunks.
+    /// Packs rewritten: mostly-dead ones with only their live chunks, and (with
+    /// `rebase`) those whose chunks were re-based.
     packs_rewritten: usize,
+    /// Chunks stored whole that were written again as XOR deltas (`rebase`).
+    chunks_rebased: usize,
+    /// Bytes of the packs rewritten, before and after.
+    rewritten_bytes_before: u64,
+    /// Bytes of the packs written for them.
+    rewritten_bytes_after: u64,
 }
 
 impl From<GcStats> for PyGcStats {
@@ -290,6 +297,9 @@ impl From<GcStats> for PyGcStats {
             objects_deleted: s.objects_deleted,
             bytes_deleted: s.bytes_deleted,
             packs_rewritten: s.packs_rewritten,
+            chunks_rebased: s.chunks_rebased,
+            rewritten_bytes_before: s.rewritten_bytes_before,
+            rewritten_bytes_after: s.rewritten_bytes_after,
         }
     }
 }
@@ -299,13 +309,14 @@ impl PyGcStats {
     fn __repr__(&self) -> String {
         format!(
             "GcStats(versions_live={}, chunks_live={}, candidates_recorded={}, \
-             objects_deleted={}, bytes_deleted={}, packs_rewritten={})",
+             objects_deleted={}, bytes_deleted={}, packs_rewritten={}, chunks_rebased={})",
             self.versions_live,
             self.chunks_live,
             self.candidates_recorded,
             self.objects_deleted,
             self.bytes_deleted,
-            self.packs_rewritten
+            self.packs_rewritten,
+            self.chunks_rebased
         )
     }
 }
@@ -343,9 +354,11 @@ pub(crate) fn gc_options(
     repack_below: Option<f64>,
     dry_run: bool,
     delete_within: Option<f64>,
+    rebase: bool,
 ) -> Result<GcOptions, Error> {
     let mut o = GcOptions::default();
     o.dry_run = dry_run;
+    o.rebase = rebase;
     if let Some(g) = grace {
         o.grace = Duration::try_from_secs_f64(g).map_err(|_| Error::InvalidArgument {
             reason: format!("grace must be a finite number of seconds >= 0, not {g}"),

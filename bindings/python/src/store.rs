@@ -260,8 +260,10 @@ impl PyStore {
     /// and delete nothing, report what would be done. `delete_within` (seconds, default
     /// 30): how long the run may go on deleting once it announced its deletions; a save
     /// that writes again what the run may delete waits until the run is done or past
-    /// this deadline. GIL released.
-    #[pyo3(signature = (*, grace = None, repack_below = None, dry_run = false, delete_within = None))]
+    /// this deadline. `rebase`: also store chunks that were saved whole (DCP saves,
+    /// parts) as XOR deltas against their parent version's chunks where that is smaller,
+    /// rewriting their packs (not tried by a dry run). GIL released.
+    #[pyo3(signature = (*, grace = None, repack_below = None, dry_run = false, delete_within = None, rebase = false))]
     fn gc(
         &self,
         py: Python<'_>,
@@ -269,8 +271,9 @@ impl PyStore {
         repack_below: Option<f64>,
         dry_run: bool,
         delete_within: Option<f64>,
+        rebase: bool,
     ) -> PyResult<PyGcStats> {
-        let o = persist::gc_options(grace, repack_below, dry_run, delete_within).or_py()?;
+        let o = persist::gc_options(grace, repack_below, dry_run, delete_within, rebase).or_py()?;
         self.run(py, |i| i.store.gc_with(&o))
             .or_py()
             .map(Into::into)

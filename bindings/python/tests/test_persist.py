@@ -336,6 +336,37 @@ def test_gc_dry_run_deletes_nothing_and_gc_deletes_what_prune_dropped(tmp_path):
     r.verify()
 
 
+def test_gc_rebase_stores_parts_written_whole_as_deltas_and_reads_them_back(tmp_path):
+    # Dense steps written as parts (as DCP saves write them: every chunk whole), then
+    # gc(rebase=True) codes them again against the previous step's chunks.
+    loc = str(tmp_path)
+    w = np.sin(np.arange(200_000, dtype=np.float32) * 0.01)
+    c = th.Store.open(loc)
+    steps = []
+    for i in range(4):
+        writer = th.Store()
+        writer.insert("w", w)
+        c.commit_parts("main", [writer.write_part(loc, compress=False).items], f"step {i}")
+        c.save()
+        steps.append(w.copy())
+        w = w * np.float32(1 - 3e-5)
+    size = sum(p.stat().st_size for p in tmp_path.rglob("*") if p.is_file())
+    with pytest.raises(th.InvalidArgument):
+        c.gc(grace=0, rebase=True, repack_below=2.0)
+    st = c.gc(grace=0, rebase=True)
+    # 3 of the 4 steps have a parent; w is 800 KB: 4 chunks of 256 KiB (one shorter)
+    assert st.chunks_rebased == 3 * 4 and st.packs_rewritten == 3, st
+    assert st.rewritten_bytes_after < 0.9 * st.rewritten_bytes_before
+    assert sum(p.stat().st_size for p in tmp_path.rglob("*") if p.is_file()) < 0.75 * size
+    r = th.Store.open(loc)
+    r.verify()
+    log = list(reversed(r.log("main")))
+    assert [e.message for e in log] == [f"step {i}" for i in range(4)]
+    for e, want in zip(log, steps):
+        assert same(r.snapshot(e.id)["w"], want)
+    assert r.gc(grace=0, rebase=True).chunks_rebased == 0
+
+
 def test_gc_delete_within_sets_the_runs_deletion_deadline(tmp_path):
     s = th.Store()
     for i in range(3):

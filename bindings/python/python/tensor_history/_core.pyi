@@ -175,6 +175,12 @@ class GcStats:
     def bytes_deleted(self) -> int: ...
     @property
     def packs_rewritten(self) -> int: ...
+    @property
+    def chunks_rebased(self) -> int: ...
+    @property
+    def rewritten_bytes_before(self) -> int: ...
+    @property
+    def rewritten_bytes_after(self) -> int: ...
 
 class Snapshot:
     """Read-only mapping of one version's variables; indexing returns copies."""
@@ -249,11 +255,14 @@ class Store:
     def refresh(self) -> RefreshStats:
         """Take in what other processes saved since this store last looked."""
     def gc(self, *, grace: float | None = None, repack_below: float | None = None,
-           dry_run: bool = False, delete_within: float | None = None) -> GcStats:
+           dry_run: bool = False, delete_within: float | None = None,
+           rebase: bool = False) -> GcStats:
         """Delete repository objects no saved ref reaches (two phases, ``grace`` seconds).
         ``delete_within`` (seconds, default 30): how long the run may go on deleting
         once it announced its deletions (a save writing again what it may delete waits
-        at most that long, plus a margin, after a run that crashed)."""
+        at most that long, plus a margin, after a run that crashed). ``rebase``: also
+        store chunks saved whole (DCP saves, parts) as XOR deltas against their parent
+        version's chunks where that is smaller, rewriting their packs."""
     def version_hash(self, ref: Ref) -> str:
         """The version's content address (64 hex digits); ``resolve`` takes a prefix."""
     def close(self) -> None:
