@@ -159,7 +159,8 @@ pub use repo::backend::{
 pub use repo::backend::{ObjectStoreBackend, ObjectStoreOptions, RequestStats, MIN_PART_SIZE};
 pub use repo::{
     open_location, parse_object, GcOptions, GcStats, Part, PartChunks, PartStats, PendingSave,
-    RefreshStats, SaveStats, DEFAULT_DELETE_WITHIN, DEFAULT_GC_GRACE, REBASE_BELOW,
+    RefreshStats, SaveStats, DEFAULT_DELETE_WITHIN, DEFAULT_GC_GRACE, MERGE_INDEXES_ABOVE,
+    REBASE_BELOW,
 };
 pub use retention::{Goal, KeepBest, PruneStats, Retention};
 pub use safetensors::write_safetensors;

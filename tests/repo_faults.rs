@@ -612,3 +612,58 @@ fn power_loss_during_a_rebasing_gc_of_parts_keeps_the_saved_repository() {
         &dense_reads,
     );
 }
+
+#[test]
+fn power_loss_during_a_gc_that_merges_index_files_keeps_the_saved_repository() {
+    // More saves than MERGE_INDEXES_ABOVE, one index file each: a gc (with its grace
+    // period, so nothing else is deleted) writes one index listing them all, then
+    // deletes them.
+    crash_everywhere_reading(
+        "index merge",
+        |sim| {
+            let mut s = saved_store(sim);
+            for i in 0..tensor_history::MERGE_INDEXES_ABOVE {
+                // Four chunks of `w` each: the first save's pack ends up mostly dead
+                // once only HEAD is kept, and a later gc rewrites it.
+                for c in 0..4 {
+                    let at = (i * 4 + c) * CHUNK_BYTES / 4;
+                    s.update_range::<f32>("w", at..at + 1, |_, xs| xs[0] = -(i as f32))
+                        .unwrap();
+                }
+                s.commit(&format!("save {i}")).unwrap();
+                s.save().unwrap();
+            }
+            s
+        },
+        |s, sim| {
+            let stats = s.gc()?;
+            assert!(
+                stats.indexes_merged > tensor_history::MERGE_INDEXES_ABOVE,
+                "{stats:?}"
+            );
+            assert_eq!(sim.list("index/").unwrap().len(), 1);
+            Ok(())
+        },
+        &gc_after_a_stopped_merge,
+    );
+}
+
+/// After a gc stopped between writing an index that supersedes others and deleting
+/// them: prune all but HEAD, save, and gc at once (it deletes packs those old indexes
+/// name, and replaces the index that superseded them); every chunk of HEAD then reads.
+/// It changes the survivor, which nothing reads after it.
+fn gc_after_a_stopped_merge(r: &Store, what: &str) {
+    let b = r.backend().unwrap();
+    let mut s = Store::open_backend(b.clone(), config()).unwrap();
+    let head = s.get::<f32>("w").unwrap();
+    if s.resolve("t0").is_ok() {
+        s.delete_tag("t0").unwrap();
+    }
+    s.prune(&Retention::keep_last(1)).unwrap();
+    s.clear_reflog();
+    s.save().unwrap();
+    s.gc_with(&GcOptions::immediate())
+        .unwrap_or_else(|e| panic!("{what}: gc after the crash: {e}"));
+    let again = reopen_backend(b, what);
+    assert!(same_bits(&again.get::<f32>("w").unwrap(), &head), "{what}");
+}

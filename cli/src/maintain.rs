@@ -179,6 +179,7 @@ pub(crate) fn gc(mut repo: Repo, out: &Output, args: &GcArgs) -> CliResult<()> {
             "chunks_rebased": stats.chunks_rebased,
             "rewritten_bytes_before": stats.rewritten_bytes_before,
             "rewritten_bytes_after": stats.rewritten_bytes_after,
+            "indexes_merged": stats.indexes_merged,
         }));
     }
     let verb = if args.dry_run {
@@ -201,6 +202,9 @@ pub(crate) fn gc(mut repo: Repo, out: &Output, args: &GcArgs) -> CliResult<()> {
             bytes(stats.rewritten_bytes_after),
             stats.chunks_rebased
         );
+    }
+    if stats.indexes_merged > 0 {
+        println!("{} index files merged into one", stats.indexes_merged);
     }
     if stats.candidates_recorded > 0 {
         println!(

@@ -404,6 +404,8 @@ fn gc_rebase_stores_parts_written_whole_as_deltas_and_refuses_a_dry_run() {
     assert_eq!(v["chunks_rebased"], 2 * 4, "{v}");
     assert!(dir_bytes(&repo) * 4 < bytes_before * 3, "{v}");
     th(Some(&repo), &["verify"]).ok();
-    let out = th(Some(&repo), &["gc", "--grace", "0", "--rebase"]).ok().stdout;
+    let out = th(Some(&repo), &["gc", "--grace", "0", "--rebase"])
+        .ok()
+        .stdout;
     assert!(out.contains("0 packs rewritten"), "{out}");
 }

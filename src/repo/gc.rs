@@ -28,6 +28,11 @@ use crate::error::{Error, Result};
 use crate::hash::ContentHash;
 use crate::store::Store;
 
+/// A gc run that finds more index files than this merges them into one (every save
+/// writes one, and opening a repository reads them all: one request each on object
+/// storage).
+pub const MERGE_INDEXES_ABOVE: usize = 8;
+
 /// Default [`GcOptions::grace`]: one hour, longer than any save is expected to take.
 pub const DEFAULT_GC_GRACE: Duration = Duration::from_secs(3600);
 
@@ -120,6 +125,10 @@ pub struct GcStats {
     /// See [`rewritten_bytes_before`](GcStats::rewritten_bytes_before).
     #[serde(default)]
     pub rewritten_bytes_after: u64,
+    /// Index files replaced by one that lists what they listed (more than
+    /// [`MERGE_INDEXES_ABOVE`] were found; counted in `objects_deleted` too).
+    #[serde(default)]
+    pub indexes_merged: usize,
 }
 
 /// What the saved refs reach.
@@ -292,17 +301,30 @@ impl Store {
     }
 }
 
-/// Every non-superseded index file with its body.
-fn read_indexes(backend: &dyn Backend, objects: &[ObjectInfo]) -> Result<Vec<(String, IndexBody)>> {
+/// What each index file read supersedes (superseded ones included), by id.
+type SupersedesOf = HashMap<ContentHash, Vec<ContentHash>>;
+
+/// Every non-superseded index file with its body, and what every file read supersedes.
+fn read_indexes(
+    backend: &dyn Backend,
+    objects: &[ObjectInfo],
+) -> Result<(Vec<(String, IndexBody)>, SupersedesOf)> {
     // A damaged index is left alone (its packs are then kept too).
     let keys = objects
         .iter()
         .map(|o| o.key.as_str())
         .filter(|k| k.starts_with(INDEX_PREFIX));
-    Ok(read_index_files(backend, keys, &HashSet::new())?
-        .current()
-        .map(|f| (f.key, f.body))
-        .collect())
+    let files = read_index_files(backend, keys, &HashSet::new())?;
+    let supersedes = files
+        .read
+        .iter()
+        .map(|f| {
+            let ids = f.body.supersedes.iter().map(|h| ContentHash(*h)).collect();
+            (f.id, ids)
+        })
+        .collect();
+    let current = files.current().map(|f| (f.key, f.body)).collect();
+    Ok((current, supersedes))
 }
 
 /// A chunk in a pack: its id and where the pack holds it.
@@ -340,7 +362,7 @@ fn gc_into(b: &mut RepoLink, options: &GcOptions, held: &[ContentHash]) -> Resul
     let rebase = options.rebase && !options.dry_run && b.chunks.format() != FORMAT_V1;
     let mut graph = rebase.then(Graph::default);
     let mut live = mark(backend, &objects, held, graph.as_mut())?;
-    let indexes = read_indexes(backend, &objects)?;
+    let (indexes, supersedes) = read_indexes(backend, &objects)?;
     keep_bases(&mut live, &indexes);
     stats.versions_live = live.versions;
     stats.chunks_live = live.chunks.len();
@@ -372,8 +394,12 @@ fn gc_into(b: &mut RepoLink, options: &GcOptions, held: &[ContentHash]) -> Resul
     // Phase 2: delete candidates of records old enough, still unreferenced, unchanged.
     let grace = u64::try_from(options.grace.as_nanos()).unwrap_or(u64::MAX);
     let (mut doomed, done_records) = due(&records, &candidates, &listed, now, grace);
+    let merge = indexes.len() > MERGE_INDEXES_ABOVE;
     if options.dry_run {
-        let (old_indexes, _) = indexes_naming_doomed(&indexes, &doomed);
+        let (old_indexes, _) = indexes_to_replace(&indexes, &doomed, merge, &listed, &supersedes);
+        if merge {
+            stats.indexes_merged = old_indexes.len();
+        }
         let gone = old_indexes
             .iter()
             .map(String::as_str)
@@ -385,7 +411,7 @@ fn gc_into(b: &mut RepoLink, options: &GcOptions, held: &[ContentHash]) -> Resul
         return Ok(stats);
     }
     let mut run = None;
-    if !doomed.is_empty() {
+    if !doomed.is_empty() || merge {
         let (seq, entry) =
             start_generation(backend, now_ns(), &done_records, options.delete_within)?;
         run = Some((seq, entry));
@@ -394,7 +420,9 @@ fn gc_into(b: &mut RepoLink, options: &GcOptions, held: &[ContentHash]) -> Resul
         let mut finished = true;
         if let Some((_, entry)) = &run {
             look_again(backend, &listed, &mut doomed)?;
-            let (old_indexes, replacement) = indexes_naming_doomed(&indexes, &doomed);
+            let (old_indexes, replacement) =
+                indexes_to_replace(&indexes, &doomed, merge, &listed, &supersedes);
+            let before = stats.objects_deleted;
             let deadline = entry.deadline_ns.unwrap_or(0);
             finished = delete(
                 b,
@@ -405,6 +433,10 @@ fn gc_into(b: &mut RepoLink, options: &GcOptions, held: &[ContentHash]) -> Resul
                 deadline,
                 stats,
             )?;
+            if merge {
+                // The old indexes are deleted first.
+                stats.indexes_merged = old_indexes.len().min(stats.objects_deleted - before);
+            }
         }
         trim(b, &done_records, finished, run.clone())
     };
@@ -839,11 +871,19 @@ fn look_again(backend: &dyn Backend, listed: &Listed<'_>, doomed: &mut Vec<&str>
     Ok(())
 }
 
-/// The indexes that name a pack about to go, and the index that replaces them (it
-/// supersedes them and lists their other packs).
-fn indexes_naming_doomed(
+/// The indexes that name a pack about to go (with `merge`, every index read), and the
+/// index that replaces them: it lists their other packs, and supersedes them and every
+/// index they supersede, transitively, whose file is still listed (a run that wrote the
+/// superseding index was stopped before it deleted those; once the indexes superseding
+/// them are deleted, nothing else would keep readers off their entries, whose packs may
+/// be gone, and a later merge would copy those entries). Those leftover files are
+/// deleted too.
+fn indexes_to_replace(
     indexes: &[(String, IndexBody)],
     doomed: &[&str],
+    merge: bool,
+    listed: &Listed<'_>,
+    supersedes: &SupersedesOf,
 ) -> (Vec<String>, IndexBody) {
     let doomed_packs: HashSet<ContentHash> = doomed
         .iter()
@@ -853,14 +893,25 @@ fn indexes_naming_doomed(
     let mut old_indexes = Vec::new();
     let mut replacement = IndexBody::default();
     for (key, body) in indexes {
-        if body
-            .packs
-            .iter()
-            .any(|p| doomed_packs.contains(&ContentHash(p.pack)))
+        if merge
+            || body
+                .packs
+                .iter()
+                .any(|p| doomed_packs.contains(&ContentHash(p.pack)))
         {
             old_indexes.push(key.clone());
             if let Some(id) = id_of_key(key, "thidx") {
                 replacement.supersedes.push(id.0);
+            }
+            let mut todo: Vec<ContentHash> =
+                body.supersedes.iter().map(|h| ContentHash(*h)).collect();
+            while let Some(old) = todo.pop() {
+                let k = index_key(&old);
+                if listed.contains_key(k.as_str()) && !old_indexes.contains(&k) {
+                    replacement.supersedes.push(old.0);
+                    old_indexes.push(k);
+                    todo.extend(supersedes.get(&old).into_iter().flatten());
+                }
             }
             replacement.packs.extend(
                 body.packs

@@ -45,7 +45,7 @@ pub use backend::open_location;
 pub(crate) use background::Background;
 pub use background::PendingSave;
 pub(crate) use chunks::{stored_len_of, RepoChunks};
-pub use gc::{GcOptions, GcStats, DEFAULT_GC_GRACE};
+pub use gc::{GcOptions, GcStats, DEFAULT_GC_GRACE, MERGE_INDEXES_ABOVE};
 pub use generation::DEFAULT_DELETE_WITHIN;
 pub(crate) use link::{resolve_prefix, RepoLink};
 pub use object::parse_object;

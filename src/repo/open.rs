@@ -342,7 +342,13 @@ impl VarsSource for ManifestVars {
 }
 
 fn tensor_of(chunks: &Arc<RepoChunks>, key: &str, m: &Manifest) -> Result<Tensor> {
-    let locs = chunks.locate_all(&m.chunks);
+    let mut locs = chunks.locate_all(&m.chunks);
+    if locs.iter().any(Option::is_none) {
+        // A gc may have replaced index files between this store's listing and its reads
+        // (it merges them, or drops the packs it deletes): read every index again once.
+        chunks.read_indexes(true)?;
+        locs = chunks.locate_all(&m.chunks);
+    }
     for (i, (id, loc)) in m.chunks.iter().zip(locs).enumerate() {
         match loc {
             Some(loc) if loc.span.raw_len() == m.chunk_len(i) as u64 => {}

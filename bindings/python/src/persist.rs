@@ -286,6 +286,9 @@ pub(crate) struct PyGcStats {
     rewritten_bytes_before: u64,
     /// Bytes of the packs written for them.
     rewritten_bytes_after: u64,
+    /// Index files replaced by one listing what they listed (more than 8 were found;
+    /// counted in `objects_deleted` too).
+    indexes_merged: usize,
 }
 
 impl From<GcStats> for PyGcStats {
@@ -300,6 +303,7 @@ impl From<GcStats> for PyGcStats {
             chunks_rebased: s.chunks_rebased,
             rewritten_bytes_before: s.rewritten_bytes_before,
             rewritten_bytes_after: s.rewritten_bytes_after,
+            indexes_merged: s.indexes_merged,
         }
     }
 }

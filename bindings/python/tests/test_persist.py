@@ -367,6 +367,24 @@ def test_gc_rebase_stores_parts_written_whole_as_deltas_and_reads_them_back(tmp_
     assert r.gc(grace=0, rebase=True).chunks_rebased == 0
 
 
+def test_gc_merges_the_index_files_of_many_saves_into_one(tmp_path):
+    s = th.Store()
+    w = np.zeros(1000, np.float32)
+    s.insert("w", w)
+    for i in range(10):
+        w[i] = i + 1
+        s.write("w", w)
+        s.commit(f"v{i}")
+        s.save_as(tmp_path) if i == 0 else s.save()
+    assert len(list((tmp_path / "index").rglob("*.thidx"))) == 10
+    st = s.gc()  # with its hour of grace: only the merge deletes anything
+    assert st.indexes_merged == 10 and st.objects_deleted == 10, st
+    assert len(list((tmp_path / "index").rglob("*.thidx"))) == 1
+    r = th.Store.open(tmp_path)
+    r.verify()
+    assert same(r["w"], w) and len(r.log()) == 10
+
+
 def test_gc_delete_within_sets_the_runs_deletion_deadline(tmp_path):
     s = th.Store()
     for i in range(3):
