@@ -8,7 +8,7 @@ use super::format::GenerationJson;
 
 use serde::{Deserialize, Serialize};
 
-use super::backend::{is_not_found, Backend, ObjectInfo};
+use super::backend::{is_not_found, Backend, Bytes, ObjectInfo};
 use super::format::{
     corrupt, encode, encode_index_in, gc_key, id_of_key, index_key, manifest_key, pack_key,
     parse_gc, parse_json, parse_manifest, parse_ref_key, parse_version, pruned_key, version_key,
@@ -144,7 +144,7 @@ fn ns_of(t: Option<SystemTime>) -> u64 {
         .map_or(0, |d| d.as_nanos().min(u128::from(u64::MAX)) as u64)
 }
 
-fn get(backend: &dyn Backend, key: &str) -> Result<super::backend::Bytes> {
+fn get(backend: &dyn Backend, key: &str) -> Result<Bytes> {
     backend.get(key).map_err(|e| {
         if is_not_found(&e) {
             corrupt(key, "missing (a saved ref reaches it)")
@@ -616,7 +616,11 @@ fn repack(
         let before: u64 = packs.chunks[pack].iter().map(|c| c.1.stored_len()).sum();
         let after: u64 = chunks
             .iter()
-            .map(|(id, span)| coded.get(id).map_or(span.stored_len(), |c| c.len() as u64))
+            .map(|(id, span)| {
+                coded
+                    .get(id)
+                    .map_or(span.stored_len(), |c| c.1.len() as u64)
+            })
             .sum();
         if *optional && after as f64 > REBASE_BELOW * before as f64 {
             continue;
@@ -624,17 +628,16 @@ fn repack(
         // Chunks move in their stored forms (a delta stays a delta against the same
         // base, which the mark keeps live; a raw chunk is checked against its id), or
         // as the delta just coded, against a base the mark reached.
-        let mut data = Vec::with_capacity(chunks.len());
+        // `None`: the delta in `coded`.
+        let mut data: Vec<(ContentHash, Span, Option<Bytes>)> = Vec::with_capacity(chunks.len());
         for (id, span) in chunks {
-            if let Some(bytes) = coded.get(id) {
-                let base = rebased.and_then(|r| r.planned.get(id)).map(|p| p.base);
-                let base = base.expect("a coded chunk was planned");
+            if let Some((base, bytes)) = coded.get(id) {
                 let span = Span {
                     len: bytes.len() as u64,
                     form: Form::Delta(base.0),
                     ..*span
                 };
-                data.push((*id, span, std::borrow::Cow::Borrowed(&bytes[..])));
+                data.push((*id, span, None));
                 continue;
             }
             let loc = Loc {
@@ -646,7 +649,7 @@ fn repack(
                 Form::Raw => check_raw(&pack_key(pack), id, span, stored)?,
                 _ => stored,
             };
-            data.push((*id, *span, std::borrow::Cow::Owned(stored.to_vec())));
+            data.push((*id, *span, Some(stored)));
         }
         stats.packs_rewritten += 1;
         stats.chunks_rebased += coded.len();
@@ -656,7 +659,10 @@ fn repack(
             .iter()
             .map(|(h, span, d)| Stored {
                 id: *h,
-                bytes: std::borrow::Cow::Borrowed(&d[..]),
+                bytes: std::borrow::Cow::Borrowed(match d {
+                    Some(stored) => &stored[..],
+                    None => &coded[h].1[..],
+                }),
                 raw_len: span.raw_len,
                 form: span.form,
             })

@@ -83,9 +83,10 @@ impl Graph {
         None
     }
 
-    /// The versions, parents before children (first parents; a version whose parent is
-    /// not live comes where the listing put it). O(versions).
-    fn parents_first(&self) -> Vec<usize> {
+    /// The versions, parents before children, each with its nearest live first parent
+    /// (indexes into `versions`; a version without one comes where the listing put it).
+    /// O(versions).
+    fn parents_first(&self) -> Vec<(usize, Option<usize>)> {
         let live: HashSet<ContentHash> = self.versions.iter().map(|v| v.id).collect();
         let at: HashMap<ContentHash, usize> = self
             .versions
@@ -102,22 +103,18 @@ impl Graph {
             })
             .collect();
         let mut order = Vec::with_capacity(self.versions.len());
-        let mut placed = vec![false; self.versions.len()];
+        // Each version is walked over once: `seen` marks it when a walk reaches it.
+        let mut seen = vec![false; self.versions.len()];
         for start in 0..self.versions.len() {
-            // Walk up to the first placed ancestor (or the root), then place downwards.
+            // Walk up to the first version seen (or the root), then place downwards.
             let mut path = Vec::new();
             let mut cur = Some(start);
-            while let Some(i) = cur {
-                if placed[i] || path.contains(&i) {
-                    break;
-                }
+            while let Some(i) = cur.filter(|&i| !seen[i]) {
+                seen[i] = true;
                 path.push(i);
                 cur = parent[i];
             }
-            for &i in path.iter().rev() {
-                placed[i] = true;
-                order.push(i);
-            }
+            order.extend(path.iter().rev().map(|&i| (i, parent[i])));
         }
         order
     }
@@ -130,7 +127,6 @@ impl Graph {
         served: &HashMap<ContentHash, Loc>,
         bases: &HashSet<ContentHash>,
     ) -> HashMap<ContentHash, Planned> {
-        let live: HashSet<ContentHash> = self.versions.iter().map(|v| v.id).collect();
         let mut planned: HashMap<ContentHash, Planned> = HashMap::new();
         let mut used: HashSet<ContentHash> = HashSet::new();
         // Links of `id`'s chain (its own included) with the planned deltas, and whether
@@ -153,11 +149,8 @@ impl Graph {
                 }
                 None
             };
-        let by_id: HashMap<ContentHash, &GraphVersion> =
-            self.versions.iter().map(|v| (v.id, v)).collect();
-        for i in self.parents_first() {
-            let v = &self.versions[i];
-            let Some(parent) = self.live_first_parent(v, &live).and_then(|p| by_id.get(&p)) else {
+        for (i, parent) in self.parents_first() {
+            let (v, Some(parent)) = (&self.versions[i], parent.map(|p| &self.versions[p])) else {
                 continue;
             };
             let parent_vars: HashMap<&str, &ContentHash> =
@@ -266,31 +259,34 @@ fn load_raw(
         .map_err(|e| corrupt(&key, format!("chunk {id}: {e}")))
 }
 
+/// A chunk coded as a delta: its base's id and the encoded bytes.
+pub(crate) type Delta = (ContentHash, Vec<u8>);
+
 /// Code the planned chunks of one pack as deltas against their bases, in parallel: each
 /// chunk whose delta is at least 1/[`MIN_SAVING_DIVISOR`] smaller than its stored form,
-/// with that delta's encoded bytes. A chunk or base that cannot be read is an error
+/// with its base and that delta's encoded bytes. A chunk or base that cannot be read is an error
 /// (gc then deletes nothing).
 pub(crate) fn code_pack(
     backend: &dyn Backend,
     served: &HashMap<ContentHash, Loc>,
     planned: &HashMap<ContentHash, Planned>,
     chunks: &[ContentHash],
-) -> Result<HashMap<ContentHash, Vec<u8>>> {
+) -> Result<HashMap<ContentHash, Delta>> {
     let jobs: Vec<(ContentHash, Planned, u64)> = chunks
         .iter()
         .filter_map(|c| Some((*c, *planned.get(c)?, served.get(c)?.span.stored_len())))
         .collect();
-    let coded: Vec<Option<(ContentHash, Vec<u8>)>> = crate::parallel::install(|| {
+    let coded: Vec<Option<(ContentHash, Delta)>> = crate::parallel::install(|| {
         jobs.par_iter()
             .map(
-                |(c, p, stored_len)| -> Result<Option<(ContentHash, Vec<u8>)>> {
+                |(c, p, stored_len)| -> Result<Option<(ContentHash, Delta)>> {
                     let raw = load_raw(backend, served, *c, p.len)?;
                     let base = load_raw(backend, served, p.base, p.len)?;
                     let e =
                         codec::encode_as(Method::XorPlanes, &raw, p.width, Some((&p.base, &base)));
                     let limit = stored_len - stored_len / MIN_SAVING_DIVISOR as u64;
                     Ok((e.method() == Method::XorPlanes && e.len() as u64 <= limit)
-                        .then(|| (*c, e.into_bytes())))
+                        .then(|| (*c, (p.base, e.into_bytes()))))
                 },
             )
             .collect::<Result<Vec<_>>>()
