@@ -103,6 +103,17 @@ pub const MIN_SAVING_DIVISOR: usize = 25;
 /// threshold from 1% to 13% picks the same planes.
 pub const MIN_PLANE_SAVING_DIVISOR: usize = 25;
 
+/// [`encode`] takes an XOR delta of at most `len * DELTA_ENOUGH_TENTHS / 10` bytes
+/// without trying planes alone (which would code the chunk a second time). Measured on
+/// the 9 deltas between 10 consecutive all-MiniLM-L6-v2 AdamW checkpoints (256 KiB
+/// chunks, one thread): with 9 tenths instead of a half, the coded bytes are the same to
+/// 4 significant digits (f32 2.952x of raw, bf16 5.655x), planes alone are tried for
+/// 12 f32 chunks instead of 6063 (they won 12 of 12 there, and 285 of 6063 before, each
+/// by a few bytes), and encoding runs 1.35 times as fast (f32) and 1.20 (bf16). A
+/// delta that saves less than a tenth is of a chunk that changed in its high bytes too,
+/// where planes alone can win.
+pub const DELTA_ENOUGH_TENTHS: usize = 9;
+
 /// Bytes of the header without a base id and plane table.
 pub const HEADER_LEN: usize = 12;
 
@@ -782,14 +793,15 @@ fn with_encode_bufs<R>(f: impl FnOnce(&mut Vec<u8>, &mut Vec<u8>) -> R) -> R {
 /// grouped as single bytes), choosing the method by what it saves: an XOR delta against
 /// `base` (its id and raw bytes, used only if of the same length), or planes, or raw
 /// when neither saves at least 1/[`MIN_SAVING_DIVISOR`] of the length. O(len): a delta
-/// that halves the chunk is taken without trying planes alone; otherwise both are tried.
+/// that saves at least a tenth ([`DELTA_ENOUGH_TENTHS`]) is taken without trying planes
+/// alone; otherwise both are tried.
 #[must_use]
 pub fn encode(raw: &[u8], width: usize, base: Option<(&ContentHash, &[u8])>) -> Encoded {
     let limit = raw.len() - raw.len() / MIN_SAVING_DIVISOR;
     let mut best: Option<Encoded> = None;
     if let Some(b) = base.filter(|b| b.1.len() == raw.len() && !raw.is_empty()) {
         let d = encode_as(Method::XorPlanes, raw, width, Some(b));
-        if d.method() == Method::XorPlanes && d.len() <= raw.len() / 2 {
+        if d.method() == Method::XorPlanes && d.len() <= raw.len() / 10 * DELTA_ENOUGH_TENTHS {
             return d;
         }
         best = Some(d);

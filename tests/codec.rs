@@ -189,6 +189,38 @@ fn a_dense_step_is_stored_as_an_xor_delta_smaller_than_planes_alone() {
 }
 
 #[test]
+fn a_delta_that_saves_less_than_a_tenth_is_weighed_against_planes_alone() {
+    // A base of noise (the chunk held unrelated bytes before): the XOR is noise too, so
+    // the delta saves little, and planes alone (which code the exponents) win.
+    let weights = |seed| -> Vec<u8> {
+        let mut rng = Rng(seed);
+        (0..64 * 1024)
+            .flat_map(|_| ((rng.next() % 100_000) as f32 * 1e-6 - 0.05).to_le_bytes())
+            .collect()
+    };
+    let mut rng = Rng(7);
+    let base: Vec<u8> = (0..256 * 1024).map(|_| rng.next() as u8).collect();
+    let raw = weights(5);
+    let bid = id(&base);
+    let d = encode_as(Method::XorPlanes, &raw, 4, Some((&bid, &base)));
+    let p = encode_as(Method::Planes, &raw, 4, None);
+    assert!(
+        d.len() * 10 > raw.len() * 9,
+        "the unrelated base's delta saves {} of {}",
+        raw.len() - d.len(),
+        raw.len()
+    );
+    assert!(p.len() < d.len(), "planes {} vs delta {}", p.len(), d.len());
+    let e = encode(&raw, 4, Some((&bid, &base)));
+    assert_eq!(e.method(), Method::Planes);
+    assert_eq!(e.len(), p.len());
+    assert_eq!(
+        &*decode(e.as_bytes(), &id(&raw), raw.len(), None).unwrap(),
+        &raw[..]
+    );
+}
+
+#[test]
 fn incompressible_bytes_are_stored_raw() {
     let mut rng = Rng(99);
     let raw: Vec<u8> = (0..65_536).map(|_| rng.next() as u8).collect();
