@@ -156,7 +156,9 @@ pub use repo::backend::{
     is_not_found, Backend, LocalDir, MemoryBackend, ObjectInfo, PutOutcome, ReadMode, SimBackend,
 };
 #[cfg(feature = "object-store-client")]
-pub use repo::backend::{ObjectStoreBackend, ObjectStoreOptions, RequestStats, MIN_PART_SIZE};
+pub use repo::backend::{
+    ObjectStoreBackend, ObjectStoreOptions, RequestStats, MIN_PART_SIZE, PUTS_IN_FLIGHT,
+};
 pub use repo::{
     open_location, parse_object, GcOptions, GcStats, Part, PartChunks, PartStats, PendingSave,
     RefreshStats, SaveStats, DEFAULT_DELETE_WITHIN, DEFAULT_GC_GRACE, MERGE_INDEXES_ABOVE,

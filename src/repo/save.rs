@@ -730,6 +730,9 @@ fn write_objects(
     let mut new_parents: Vec<(VersionId, ContentHash, Vec<ContentHash>)> = Vec::new();
     let mut markers_new: Vec<(ContentHash, Vec<ContentHash>, Vec<u8>)> = Vec::new();
     let mut reused = HashSet::new();
+    // A version's new manifests are put together (`put_many`: concurrently on an object
+    // store), then the version; the barrier below makes them durable.
+    let mut manifest_objects: Vec<(String, Vec<u8>)> = Vec::new();
     for v in &todo {
         let mut put_manifest = |name: &str, t: &Tensor| {
             let (bytes, id) = manifest_bytes(name, t)?;
@@ -738,11 +741,11 @@ fn write_objects(
             if absent && manifests_new.insert(id) {
                 let key = manifest_key(&id);
                 if b.gc_keys.contains(&key) {
-                    rewrote.insert(key);
+                    rewrote.insert(key.clone());
                 }
-                backend.put(&manifest_key(&id), &bytes)?;
                 stats.manifests_written += 1;
                 stats.bytes_written += bytes.len() as u64;
+                manifest_objects.push((key, bytes));
             }
             Ok(id)
         };
@@ -761,6 +764,8 @@ fn write_objects(
         if b.gc_keys.contains(&version_key(&id)) {
             rewrote.insert(version_key(&id));
         }
+        backend.put_many(&manifest_objects)?;
+        manifest_objects.clear();
         backend.put(&version_key(&id), &bytes)?;
         stats.versions_written += 1;
         stats.bytes_written += bytes.len() as u64;

@@ -39,7 +39,9 @@ pub use sim::SimBackend;
 #[cfg(feature = "object-store-client")]
 mod object;
 #[cfg(feature = "object-store-client")]
-pub use object::{ObjectStoreBackend, ObjectStoreOptions, RequestStats, MIN_PART_SIZE};
+pub use object::{
+    ObjectStoreBackend, ObjectStoreOptions, RequestStats, MIN_PART_SIZE, PUTS_IN_FLIGHT,
+};
 
 /// The backend for a location, the one place where a location's scheme is read:
 ///
@@ -153,6 +155,22 @@ pub trait Backend: fmt::Debug + Send + Sync {
     /// [`Error::Io`].
     fn put_parts(&self, key: &str, parts: &[&[u8]]) -> Result<()> {
         self.put(key, &parts.concat())
+    }
+
+    /// [`put`](Backend::put) of every `(key, bytes)` of `objects`, in no particular order
+    /// (durable at the next [`barrier`](Backend::barrier), as `put`). After an error,
+    /// any of them may have been written, as after a crash in the middle of a sequence
+    /// of `put`s. The default writes them one by one; an object store sends them
+    /// concurrently (one request's latency per batch instead of per object).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Io`]: the first failure.
+    fn put_many(&self, objects: &[(String, Vec<u8>)]) -> Result<()> {
+        for (key, data) in objects {
+            self.put(key, data)?;
+        }
+        Ok(())
     }
 
     /// Create the object only if no object of that key exists. Durable on return.

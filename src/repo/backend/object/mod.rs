@@ -32,6 +32,7 @@
 //! | `get_range` | one ranged GET (`Range: bytes=a-b`) |
 //! | `put` up to `part_size` | one PUT |
 //! | `put` above `part_size` | multipart: one POST, one PUT per part (up to `max_concurrent_parts` at once), one POST |
+//! | `put_many` | one PUT per object, up to [`PUTS_IN_FLIGHT`] at once (a save's manifests and versions); objects above `part_size` as `put`, one after another |
 //! | `put_if_absent` | one conditional PUT; if the object exists, one GET to tell a lost response of our own write from another writer's object |
 //! | `list` | one GET per 1,000 keys |
 //! | `delete` | one DELETE |
@@ -48,7 +49,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Once};
 use std::time::Duration;
 
-use futures_util::TryStreamExt;
+use futures_util::{StreamExt, TryStreamExt};
 use object_store::client::{HttpClient, HttpConnector, HttpError, HttpRequest, HttpResponse};
 use object_store::client::{HttpService, ReqwestConnector};
 use object_store::path::Path;
@@ -67,6 +68,10 @@ mod s3;
 /// The smallest part S3 (and Google Cloud Storage) accept in a multipart upload (all
 /// parts but the last); Azure has no minimum.
 pub const MIN_PART_SIZE: usize = s3::MIN_PART_SIZE;
+
+/// Requests of one [`Backend::put_many`] in flight at once: a save writes one manifest
+/// per changed tensor, and one after another they cost a round trip each.
+pub const PUTS_IN_FLIGHT: usize = 16;
 
 /// Tuning of an [`ObjectStoreBackend`]. `Default` suits every provider.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -756,6 +761,40 @@ impl Backend for ObjectStoreBackend {
 
     fn put_parts(&self, key: &str, parts: &[&[u8]]) -> Result<()> {
         self.put_pieces(key, parts)
+    }
+
+    fn put_many(&self, objects: &[(String, Vec<u8>)]) -> Result<()> {
+        let (large, small): (Vec<_>, Vec<_>) = objects
+            .iter()
+            .partition(|(_, d)| d.len() > self.options.part_size);
+        let mut requests = Vec::with_capacity(small.len());
+        for (key, data) in small {
+            let payload = PutPayload::from(bytes::Bytes::copy_from_slice(data));
+            requests.push((self.path(key)?, self.url(key), payload));
+        }
+        if let Some((first, _)) = objects.first() {
+            let store = Arc::clone(&self.store);
+            self.run(first, async move {
+                futures_util::stream::iter(requests.into_iter().map(|(path, url, payload)| {
+                    let store = Arc::clone(&store);
+                    async move {
+                        store
+                            .put(&path, payload)
+                            .await
+                            .map(|_| ())
+                            .map_err(|e| io_error(&url, &e))
+                    }
+                }))
+                .buffer_unordered(PUTS_IN_FLIGHT)
+                .try_collect::<Vec<()>>()
+                .await
+                .map(|_| ())
+            })?;
+        }
+        for (key, data) in large {
+            self.put(key, data)?;
+        }
+        Ok(())
     }
 
     fn put_if_absent(&self, key: &str, data: &[u8]) -> Result<PutOutcome> {
