@@ -29,7 +29,10 @@
 //! `memory_dense_100v` and reads its peak resident set (`VmHWM` of `/proc/self/status`):
 //! baseline = the budget plus one model (what the budget promises to hold at most, with
 //! room for the model being trained), store = that peak; a ratio of 1 or more means the
-//! budget held. Linux only (elsewhere the row is left out).
+//! budget held. `memory_dense_100v_saved_peak_rss` is the same with the store bound to a
+//! repository (in `--dir`) and every version saved in the background as it is
+//! committed: the budget may then evict what the repository holds, as
+//! `Config::memory_budget` documents. Linux only (elsewhere the rows are left out).
 //!
 //! `--minilm DIR` (or the environment variable `TH_MINILM_DIR`) adds, to `--dense-only`,
 //! the same two measures on real training data: the first 10 checkpoints
@@ -56,7 +59,7 @@ mod timing;
 use timing::{clock, interleave, timed, Res};
 
 /// Scenario names, in the order the report prints them.
-const SCENARIOS: [&str; 18] = [
+const SCENARIOS: [&str; 19] = [
     "commit_unchanged",
     "trial_sparse_0.1pct",
     "trial_sparse_1pct",
@@ -69,6 +72,7 @@ const SCENARIOS: [&str; 18] = [
     "memory_100v_1pct",
     "memory_dense_100v",
     "memory_dense_100v_peak_rss",
+    "memory_dense_100v_saved_peak_rss",
     "restore_encoded",
     "minilm_memory_10v_f32",
     "minilm_restore_encoded_f32",
@@ -89,6 +93,9 @@ struct Opts {
     repo_only: bool,
     dense_only: bool,
     dense_memory_child: bool,
+    /// The child saves each version into a repository in this directory (in the
+    /// background, as it is committed): `memory_dense_100v_saved_peak_rss`.
+    dense_memory_saved: Option<PathBuf>,
     minilm: Option<PathBuf>,
     dir: PathBuf,
 }
@@ -102,6 +109,7 @@ fn parse_args() -> Res<Opts> {
         repo_only: false,
         dense_only: false,
         dense_memory_child: false,
+        dense_memory_saved: None,
         minilm: std::env::var_os("TH_MINILM_DIR").map(PathBuf::from),
         dir: std::env::temp_dir(),
     };
@@ -120,6 +128,13 @@ fn parse_args() -> Res<Opts> {
             "--repo-only" => o.repo_only = true,
             "--dense-only" => o.dense_only = true,
             "--dense-memory-child" => o.dense_memory_child = true,
+            "--dense-memory-saved" => {
+                o.dense_memory_saved = Some(
+                    args.next()
+                        .ok_or("--dense-memory-saved needs a value")?
+                        .into(),
+                )
+            }
             "--minilm" => o.minilm = Some(args.next().ok_or("--minilm needs a value")?.into()),
             "--dir" => o.dir = args.next().ok_or("--dir needs a value")?.into(),
             "--bench" => {} // passed by `cargo bench --examples`; ignore
@@ -249,10 +264,16 @@ fn noise(t: usize, i: usize, step: usize) -> f32 {
 /// The dense history of `memory_dense_100v`: the model, and a store with a budget of 3
 /// model sizes holding 101 dense versions (the background passes done, the budget
 /// enforced), with the ids of versions 1..=100.
+///
+/// With `saved`, the store is bound to a new repository there and every version is
+/// saved in the background as it is committed (a save still running when the next
+/// version is committed is waited for by the next `save_in_background`); the last save
+/// is waited for before the budget is enforced.
 fn dense_history(
     opts: &Opts,
     cfg: &dyn Fn(Option<usize>) -> Config,
     keep_model: bool,
+    saved: Option<&std::path::Path>,
 ) -> Res<(Model, usize, Store, Vec<tensor_history::VersionId>)> {
     let mut dense = Model::new((opts.size_mib / 4).clamp(1, 64));
     let dsize = dense.bytes();
@@ -266,10 +287,24 @@ fn dense_history(
     }
     dense_step(&mut store, &dense, 0)?;
     store.commit("v0")?;
+    if let Some(dir) = saved {
+        store.save_as(dir)?;
+    }
     let mut ids = Vec::new();
+    let mut pending = None;
     for step in 1..=100 {
         dense_step(&mut store, &dense, step)?;
         ids.push(store.commit(&format!("v{step}"))?);
+        if saved.is_some() {
+            // The previous save's outcome (it has ended: this call waits for it).
+            let next = store.save_in_background()?;
+            if let Some(p) = pending.replace(next) {
+                tensor_history::PendingSave::wait(p)?;
+            }
+        }
+    }
+    if let Some(p) = pending {
+        p.wait()?;
     }
     store.enforce_memory_budget();
     Ok((dense, dsize, store, ids))
@@ -313,7 +348,8 @@ fn dense_memory_child(opts: &Opts) -> Res<()> {
         ..Config::default()
     };
     let before = proc_status_bytes("VmRSS").ok_or("no VmRSS in /proc/self/status")?;
-    let (_, dsize, store, _) = dense_history(opts, &cfg, false)?;
+    let (_, dsize, store, _) =
+        dense_history(opts, &cfg, false, opts.dense_memory_saved.as_deref())?;
     let peak = proc_status_bytes("VmHWM").ok_or("no VmHWM in /proc/self/status")?;
     println!(
         "{peak} {} {dsize} {} {before}",
@@ -324,21 +360,32 @@ fn dense_memory_child(opts: &Opts) -> Res<()> {
 }
 
 /// `memory_dense_100v_peak_rss`: the child's peak resident set against the budget plus
-/// one model.
-fn dense_peak_rss_row(opts: &Opts, report: &mut Report) -> Res<()> {
+/// one model. With `saved` (a directory for the repository, removed after),
+/// `memory_dense_100v_saved_peak_rss`: the same with every version saved as it is
+/// committed, so that the budget can evict what the repository holds.
+fn dense_peak_rss_row(
+    opts: &Opts,
+    saved: Option<&std::path::Path>,
+    report: &mut Report,
+) -> Res<()> {
     if !cfg!(target_os = "linux") {
         return Ok(());
     }
-    let out = std::process::Command::new(std::env::current_exe()?)
-        .args([
-            "--dense-memory-child",
-            "--size-mib",
-            &opts.size_mib.to_string(),
-            "--chunk-bytes",
-            &opts.chunk_bytes.to_string(),
-        ])
-        .stderr(std::process::Stdio::inherit())
-        .output()?;
+    let mut cmd = std::process::Command::new(std::env::current_exe()?);
+    cmd.args([
+        "--dense-memory-child",
+        "--size-mib",
+        &opts.size_mib.to_string(),
+        "--chunk-bytes",
+        &opts.chunk_bytes.to_string(),
+    ]);
+    if let Some(dir) = saved {
+        cmd.arg("--dense-memory-saved").arg(dir);
+    }
+    let out = cmd.stderr(std::process::Stdio::inherit()).output()?;
+    if let Some(dir) = saved {
+        let _ = std::fs::remove_dir_all(dir);
+    }
     if !out.status.success() {
         return Err(format!("dense memory child: {}", out.status).into());
     }
@@ -350,15 +397,15 @@ fn dense_peak_rss_row(opts: &Opts, report: &mut Report) -> Res<()> {
     let [peak, budget, model, held, start] = v[..] else {
         return Err(format!("dense memory child printed `{text}`").into());
     };
+    let row = if saved.is_some() {
+        "memory_dense_100v_saved_peak_rss"
+    } else {
+        "memory_dense_100v_peak_rss"
+    };
     eprintln!(
-        "  memory_dense_100v_peak_rss: peak RSS {peak} bytes ({start} before the model), budget {budget}, model {model}, held at the end {held}"
+        "  {row}: peak RSS {peak} bytes ({start} before the model), budget {budget}, model {model}, held at the end {held}"
     );
-    report.add(
-        "memory_dense_100v_peak_rss",
-        "bytes",
-        (budget + model) as f64,
-        peak as f64,
-    );
+    report.add(row, "bytes", (budget + model) as f64, peak as f64);
     Ok(())
 }
 
@@ -369,7 +416,7 @@ fn dense_rows(
     root: &std::path::Path,
     report: &mut Report,
 ) -> Res<()> {
-    let (dense, dsize, store, ids) = dense_history(opts, cfg, true)?;
+    let (dense, dsize, store, ids) = dense_history(opts, cfg, true, None)?;
     let stats = store.stats();
     eprintln!(
         "  memory_dense_100v: model {dsize} bytes, {} versions, held {} bytes ({} encoded raw bytes in {})",
@@ -431,7 +478,9 @@ fn dense_rows(
         );
     }
     drop(store);
-    dense_peak_rss_row(opts, report)?;
+    dense_peak_rss_row(opts, None, report)?;
+    std::fs::create_dir_all(root)?;
+    dense_peak_rss_row(opts, Some(&root.join("saved_peak_rss")), report)?;
     repo_bench::dense(&dense, cfg, reps, root, report)
 }
 
