@@ -157,7 +157,7 @@ pub use repo::backend::{
 };
 #[cfg(feature = "object-store-client")]
 pub use repo::backend::{
-    ObjectStoreBackend, ObjectStoreOptions, RequestStats, MIN_PART_SIZE, PUTS_IN_FLIGHT,
+    ObjectStoreBackend, ObjectStoreOptions, RequestStats, MIN_PART_SIZE, REQUESTS_IN_FLIGHT,
 };
 pub use repo::{
     open_location, parse_object, GcOptions, GcStats, Part, PartChunks, PartStats, PendingSave,

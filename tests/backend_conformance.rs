@@ -282,3 +282,44 @@ fn put_parts_stores_the_concatenation() {
         }
     });
 }
+
+#[test]
+fn put_many_stores_every_object_and_replaces_like_put() {
+    on_every_backend(|b| {
+        b.put_many(&[]).unwrap();
+        b.put("many/3", b"old").unwrap();
+        // More objects than an object store sends at once, an empty one, a replaced one,
+        // and one past the multipart threshold of the object-store backends (8 MiB).
+        let mut objects: Vec<(String, Vec<u8>)> = (0..40u8)
+            .map(|i| (format!("many/{i}"), data(usize::from(i) * 97, i)))
+            .collect();
+        objects.push(("many/big".into(), data((9 << 20) + 7, 40)));
+        b.put_many(&objects).unwrap();
+        for (key, d) in &objects {
+            assert!(*b.get(key).unwrap() == d[..], "{key}");
+        }
+        assert_eq!(b.list("many/").unwrap().len(), objects.len());
+    });
+}
+
+#[test]
+fn get_many_reads_every_key_in_order_with_each_missing_one_not_found() {
+    on_every_backend(|b| {
+        assert!(b.get_many(&[]).is_empty());
+        let keys: Vec<String> = (0..40u8).map(|i| format!("gm/{i}")).collect();
+        for (i, k) in keys.iter().enumerate() {
+            if i % 3 != 1 {
+                b.put(k, &data(i * 13, i as u8)).unwrap();
+            }
+        }
+        let got = b.get_many(&keys);
+        assert_eq!(got.len(), keys.len());
+        for (i, r) in got.into_iter().enumerate() {
+            match r {
+                Ok(d) if i % 3 != 1 => assert!(*d == data(i * 13, i as u8)[..], "{i}"),
+                Err(e) if i % 3 == 1 => assert!(is_not_found(&e), "{i}: {e}"),
+                other => panic!("{i}: {:?}", other.map(|d| d.len())),
+            }
+        }
+    });
+}

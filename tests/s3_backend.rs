@@ -182,6 +182,28 @@ fn requests_are_counted_on(url: &str, multipart: (u64, u64)) {
     let s4 = b.stats().since(&s3);
     assert_eq!((s4.gets, s4.requests(), s4.bytes_received), (1, 1, 100));
 
+    // put_many: one PUT per small object, however many go out at once.
+    let many: Vec<(String, Vec<u8>)> = (0..20u8)
+        .map(|i| (format!("c/many/{i}"), data(500, i)))
+        .collect();
+    let s7 = b.stats();
+    b.put_many(&many).unwrap();
+    let s8 = b.stats().since(&s7);
+    assert_eq!((s8.puts, s8.requests()), (20, 20), "{s8:?}");
+    assert!(s8.bytes_sent >= 20 * 500, "{s8:?}");
+    // get_many: one GET per object, the missing one too.
+    let mut keys: Vec<String> = many.iter().map(|(k, _)| k.clone()).collect();
+    keys.push("c/many/none".into());
+    let s9 = b.stats();
+    let got = b.get_many(&keys);
+    let s10 = b.stats().since(&s9);
+    assert_eq!((s10.gets, s10.requests()), (21, 21), "{s10:?}");
+    assert_eq!(s10.bytes_received, 20 * 500, "{s10:?}");
+    assert!(got[..20]
+        .iter()
+        .all(|r| r.as_ref().is_ok_and(|d| d.len() == 500)));
+    assert!(got[20].as_ref().is_err_and(is_not_found));
+
     let s5 = b.stats();
     assert_eq!(
         b.put_if_absent("c/small", b"other").unwrap(),

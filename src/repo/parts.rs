@@ -115,7 +115,9 @@ impl Store {
     /// directory, created if absent, or a URL) as one writer's [`Part`] of a version that
     /// a coordinator commits with [`commit_parts`](Store::commit_parts): the chunks the
     /// repository lacks into packs of this writer, an index of them, then every
-    /// variable's manifest that is not there already (one read each), then a barrier. No version, ref or HEAD is written, and this
+    /// variable's manifest that is not there already (one read each, concurrent on an
+    /// object store, as are the writes), then a barrier. No version, ref or HEAD is
+    /// written, and this
     /// store is not bound to the repository (it may be an in-memory store made for the
     /// purpose). Many writers may write parts into one repository at once.
     ///
@@ -214,28 +216,36 @@ impl Store {
             backend.put(&index_key(&id), &bytes)?;
             stats.bytes_written += bytes.len() as u64;
         }
+        // Every manifest is read first, all at once (concurrently on an object store),
+        // then the ones not there whole are written, all at once.
         let mut done = HashSet::new();
+        let mut manifests: Vec<(String, Vec<u8>)> = Vec::new();
         for (name, t) in self.working.iter() {
             let (bytes, id) = manifest_bytes(name, t)?;
             if done.insert(id) {
-                // A manifest already there whole is never written over: a version may
-                // name it, and a put torn by a power loss would damage that version.
-                // One that is there but damaged (a torn put of an earlier writer that
-                // nothing names) is replaced.
-                let key = manifest_key(&id);
-                let whole = match backend.get(&key) {
-                    Ok(old) => *old == *bytes,
-                    Err(e) if is_not_found(&e) => false,
-                    Err(e) => return Err(e),
-                };
-                if !whole {
-                    backend.put(&key, &bytes)?;
-                    stats.manifests_written += 1;
-                    stats.bytes_written += bytes.len() as u64;
-                }
+                manifests.push((manifest_key(&id), bytes));
             }
             stats.part.items.push((name.clone(), id));
         }
+        let keys: Vec<String> = manifests.iter().map(|(k, _)| k.clone()).collect();
+        let mut absent = Vec::new();
+        for (got, (key, bytes)) in backend.get_many(&keys).into_iter().zip(manifests) {
+            // A manifest already there whole is never written over: a version may name
+            // it, and a put torn by a power loss would damage that version. One that is
+            // there but damaged (a torn put of an earlier writer that nothing names) is
+            // replaced.
+            let whole = match got {
+                Ok(old) => *old == *bytes,
+                Err(e) if is_not_found(&e) => false,
+                Err(e) => return Err(e),
+            };
+            if !whole {
+                stats.manifests_written += 1;
+                stats.bytes_written += bytes.len() as u64;
+                absent.push((key, bytes));
+            }
+        }
+        backend.put_many(&absent)?;
         backend.barrier()?;
         Ok(stats)
     }

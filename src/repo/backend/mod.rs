@@ -40,7 +40,7 @@ pub use sim::SimBackend;
 mod object;
 #[cfg(feature = "object-store-client")]
 pub use object::{
-    ObjectStoreBackend, ObjectStoreOptions, RequestStats, MIN_PART_SIZE, PUTS_IN_FLIGHT,
+    ObjectStoreBackend, ObjectStoreOptions, RequestStats, MIN_PART_SIZE, REQUESTS_IN_FLIGHT,
 };
 
 /// The backend for a location, the one place where a location's scheme is read:
@@ -129,6 +129,13 @@ pub trait Backend: fmt::Debug + Send + Sync {
     ///
     /// [`Error::Io`] (kind `NotFound` when absent).
     fn get(&self, key: &str) -> Result<Bytes>;
+
+    /// [`get`](Backend::get) of every key of `keys`, the results in the same order. The
+    /// default reads them one by one; an object store sends the requests concurrently
+    /// (one request's latency per batch instead of per object).
+    fn get_many(&self, keys: &[String]) -> Vec<Result<Bytes>> {
+        keys.iter().map(|k| self.get(k)).collect()
+    }
 
     /// A byte range of the object.
     ///

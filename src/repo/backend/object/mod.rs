@@ -32,7 +32,8 @@
 //! | `get_range` | one ranged GET (`Range: bytes=a-b`) |
 //! | `put` up to `part_size` | one PUT |
 //! | `put` above `part_size` | multipart: one POST, one PUT per part (up to `max_concurrent_parts` at once), one POST |
-//! | `put_many` | one PUT per object, up to [`PUTS_IN_FLIGHT`] at once (a save's manifests and versions); objects above `part_size` as `put`, one after another |
+//! | `get_many` | one GET per object, up to [`REQUESTS_IN_FLIGHT`] at once (a part write's manifests) |
+//! | `put_many` | one PUT per object, up to [`REQUESTS_IN_FLIGHT`] at once (a save's and a part write's manifests); objects above `part_size` as `put`, one after another |
 //! | `put_if_absent` | one conditional PUT; if the object exists, one GET to tell a lost response of our own write from another writer's object |
 //! | `list` | one GET per 1,000 keys |
 //! | `delete` | one DELETE |
@@ -69,9 +70,10 @@ mod s3;
 /// parts but the last); Azure has no minimum.
 pub const MIN_PART_SIZE: usize = s3::MIN_PART_SIZE;
 
-/// Requests of one [`Backend::put_many`] in flight at once: a save writes one manifest
-/// per changed tensor, and one after another they cost a round trip each.
-pub const PUTS_IN_FLIGHT: usize = 16;
+/// Requests of one [`Backend::put_many`] or [`Backend::get_many`] in flight at once: a
+/// save writes one manifest per changed tensor, and a part write reads and writes one
+/// per tensor; one after another they cost a round trip each.
+pub const REQUESTS_IN_FLIGHT: usize = 16;
 
 /// Tuning of an [`ObjectStoreBackend`]. `Default` suits every provider.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -763,6 +765,40 @@ impl Backend for ObjectStoreBackend {
         self.put_pieces(key, parts)
     }
 
+    fn get_many(&self, keys: &[String]) -> Vec<Result<Bytes>> {
+        let Some(first) = keys.first() else {
+            return Vec::new();
+        };
+        let requests: Vec<_> = keys
+            .iter()
+            .map(|k| {
+                let (path, url, store) = (self.path(k), self.url(k), Arc::clone(&self.store));
+                async move {
+                    let r = store.get(&path?).await.map_err(|e| io_error(&url, &e))?;
+                    r.bytes().await.map_err(|e| io_error(&url, &e))
+                }
+            })
+            .collect();
+        let got = self.run(first, async move {
+            Ok(futures_util::stream::iter(requests)
+                .buffered(REQUESTS_IN_FLIGHT)
+                .collect::<Vec<Result<bytes::Bytes>>>()
+                .await)
+        });
+        match got {
+            Ok(all) => all
+                .into_iter()
+                .map(|r| {
+                    let b = r?;
+                    self.received(b.len());
+                    Ok(to_bytes(b))
+                })
+                .collect(),
+            // The task ended without a result: every read failed with its error.
+            Err(e) => keys.iter().map(|_| Err(e.clone())).collect(),
+        }
+    }
+
     fn put_many(&self, objects: &[(String, Vec<u8>)]) -> Result<()> {
         let (large, small): (Vec<_>, Vec<_>) = objects
             .iter()
@@ -785,7 +821,7 @@ impl Backend for ObjectStoreBackend {
                             .map_err(|e| io_error(&url, &e))
                     }
                 }))
-                .buffer_unordered(PUTS_IN_FLIGHT)
+                .buffer_unordered(REQUESTS_IN_FLIGHT)
                 .try_collect::<Vec<()>>()
                 .await
                 .map(|_| ())
