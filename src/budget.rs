@@ -29,7 +29,9 @@ impl Store {
 
     /// What a pass should encode to bring the held bytes from `held` to `budget`: the
     /// unshared raw chunks of the oldest versions first (not HEAD's, not the working
-    /// state's), and the decoded bytes that encoded chunks keep are dropped at once.
+    /// state's), and the decoded bytes that encoded chunks keep are dropped at once
+    /// (after the plan took its bases: a base whose decoded bytes were kept stays
+    /// decoded for this pass, held by the plan).
     fn plan(&mut self, held: usize, budget: usize) -> Plan {
         let mut hot: HashSet<usize> = HashSet::new();
         let head = self.hist.head_id();
@@ -37,7 +39,6 @@ impl Store {
         for v in std::iter::once(&self.working).chain(head_vars.as_ref()) {
             hot.extend(v.values().flat_map(|t| t.chunks().map(Chunk::addr)));
         }
-        self.drop_decoded(&hot);
         let want = held.saturating_sub(budget).saturating_mul(2);
         // Versions in the repository, or that a background save is writing, are left
         // raw: the save's end evicts their chunks (they are read back from the
@@ -111,12 +112,30 @@ impl Store {
                 versions.push(items);
             }
         }
+        self.drop_decoded(&hot);
         Plan { versions }
     }
 
     /// Replace encoded chunks that keep decoded bytes (and are not `hot`) by handles
-    /// without them, in every live version.
+    /// without them, in every live version. Raw buffers this frees (those an encoding
+    /// pass left as the decoded bytes of its newest version) go back to the pool as
+    /// [`apply`](Store::apply) lets them.
     fn drop_decoded(&mut self, hot: &HashSet<usize>) {
+        let pooled_before = self.pool().map(|p| p.buffers());
+        self.drop_decoded_handles(hot);
+        self.trim_pool(pooled_before);
+    }
+
+    /// Keep at most as many pooled buffers as the working state has chunks, or as the
+    /// pool held before (`before`) if more.
+    fn trim_pool(&self, before: Option<usize>) {
+        let working_chunks: usize = self.working.values().map(|t| t.num_chunks()).sum();
+        if let (Some(pool), Some(before)) = (self.pool(), before) {
+            pool.truncate(before.max(working_chunks));
+        }
+    }
+
+    fn drop_decoded_handles(&mut self, hot: &HashSet<usize>) {
         let mut fresh: HashMap<usize, Chunk> = HashMap::new();
         self.replace_chunks(|c| {
             if !c.is_encoded() || c.is_unloaded() || hot.contains(&c.addr()) {
@@ -191,13 +210,10 @@ impl Store {
         if done.is_empty() {
             return;
         }
-        let working_chunks: usize = self.working.values().map(|t| t.num_chunks()).sum();
         let pooled_before = self.pool().map(|p| p.buffers());
         self.replace_chunks(|c| done.get(&c.addr()).map(|(_, e)| e.clone()));
         drop(done);
-        if let (Some(pool), Some(before)) = (self.pool(), pooled_before) {
-            pool.truncate(before.max(working_chunks));
-        }
+        self.trim_pool(pooled_before);
     }
 
     /// Take in the result of a finished background pass (a pass started in another
@@ -340,6 +356,80 @@ mod tests {
             .chain([None])
             .collect();
         assert_eq!(d, want);
+    }
+
+    /// The first chunk of `w` in every live version, oldest first.
+    fn first_chunks(s: &Store) -> Vec<Chunk> {
+        s.hist
+            .live()
+            .map(|(_, n)| {
+                n.vars.loaded().unwrap()["w"]
+                    .chunks()
+                    .next()
+                    .unwrap()
+                    .clone()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_pass_leaves_its_newest_version_decoded_for_the_next_pass_to_start_from() {
+        let mut s = Store::new();
+        s.insert(
+            "w",
+            &Array1::from_shape_fn(4096, |i| (i as f32 * 0.1).sin()),
+        )
+        .unwrap();
+        s.commit("0").unwrap();
+        let mut copies = vec![s.get::<f32>("w").unwrap()];
+        for step in 1..4 {
+            s.update_map::<f32>("w", |x| x * (1.0 + 1e-6)).unwrap();
+            s.commit(&step.to_string()).unwrap();
+            copies.push(s.get::<f32>("w").unwrap());
+        }
+        // Passes of one version each (held just past the budget: the plan stops after
+        // the first version), as commits start them.
+        let pass = |s: &mut Store| {
+            let plan = s.plan(1_000_001, 1_000_000);
+            assert_eq!(plan.versions.len(), 1);
+            run(plan)
+        };
+        let done = pass(&mut s);
+        s.apply(done);
+        let c = first_chunks(&s);
+        let v0 = encoded_of(&c[0]).expect("version 0 encoded");
+        assert!(
+            v0.cached().is_some(),
+            "the pass's newest version keeps its bytes"
+        );
+        drop(c);
+        // The next plan drops decoded bytes from the history, but its base (version 0)
+        // stays decoded while the plan holds it: version 1 is coded against those bytes.
+        let plan = s.plan(1_000_001, 1_000_000);
+        assert!(
+            first_chunks(&s)[0].is_unloaded(),
+            "the history keeps no bytes"
+        );
+        assert!(
+            v0.cached().is_some(),
+            "the plan's base keeps its decoded bytes"
+        );
+        let done = run(plan);
+        s.apply(done);
+        let c = first_chunks(&s);
+        let v1 = encoded_of(&c[1]).expect("version 1 encoded");
+        assert_eq!(v1.depth, 1, "a delta on version 0");
+        assert!(v1.cached().is_some());
+        assert!(
+            v0.cached().is_none(),
+            "version 0's bytes left with the pass"
+        );
+        // Every version reads back bit for bit, from a store that keeps nothing decoded.
+        s.drop_decoded(&HashSet::new());
+        for (k, copy) in copies.iter().enumerate() {
+            let id = s.hist.live().nth(k).unwrap().0;
+            assert_eq!(&s.snapshot(id).unwrap().get::<f32>("w").unwrap(), copy);
+        }
     }
 
     #[test]

@@ -143,6 +143,20 @@ impl Chunk {
         }))
     }
 
+    /// [`stored`](Chunk::stored) with its bytes already loaded: `bytes` must be the
+    /// chunk's `len` bytes, whose hash is `id`.
+    pub(crate) fn stored_loaded(
+        id: ContentHash,
+        source: Arc<dyn ChunkSource>,
+        bytes: Bytes,
+    ) -> Chunk {
+        let c = Chunk::stored(id, bytes.len(), source);
+        if let Some(s) = &c.0.stored {
+            let _ = s.bytes.set(bytes);
+        }
+        c
+    }
+
     /// Number of bytes.
     #[must_use]
     pub fn len_bytes(&self) -> usize {

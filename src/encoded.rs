@@ -66,6 +66,14 @@ impl EncodedChunk {
         (&self.bytes, self.base.as_ref().map(|b| b.id))
     }
 
+    /// Let deltas on this chunk start from `bytes` (its decoded bytes) while a handle
+    /// keeps them.
+    fn keep(&self, bytes: &Bytes) {
+        if let Ok(mut g) = self.decoded.lock() {
+            *g = Some(bytes.downgrade());
+        }
+    }
+
     /// The decoded bytes some handle still keeps.
     pub(crate) fn cached(&self) -> Option<Bytes> {
         self.decoded.lock().ok()?.as_ref()?.upgrade()
@@ -185,7 +193,33 @@ pub(crate) struct Plan {
 
 /// What a finished pass gives back: raw chunk address -> (the raw chunk, its encoded
 /// replacement).
-pub(crate) type Done = HashMap<usize, (Chunk, Chunk)>;
+pub(crate) struct Done {
+    chunks: HashMap<usize, (Chunk, Chunk)>,
+    /// The plan the pass ran, dropped with the result: its bases may hold the decoded
+    /// bytes (raw buffers) of the previous pass's newest version, and those buffers are
+    /// freed where the result is applied, which bounds the buffer pool.
+    _plan: Plan,
+}
+
+impl std::fmt::Debug for Done {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Done")
+            .field("chunks", &self.chunks.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Done {
+    /// The encoded replacement of the raw chunk at address `addr`, with that chunk.
+    pub(crate) fn get(&self, addr: &usize) -> Option<&(Chunk, Chunk)> {
+        self.chunks.get(addr)
+    }
+
+    /// Whether the pass encoded nothing.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.chunks.is_empty()
+    }
+}
 
 /// A pass running on its own thread.
 #[derive(Debug)]
@@ -267,7 +301,23 @@ impl Budget {
     }
 }
 
-fn encode_item(it: &Item, done: &Done) -> Option<(usize, Chunk, Chunk)> {
+/// A raw chunk's bytes as [`Bytes`], without a copy: the decoded bytes an encoded chunk
+/// keeps when its raw buffer is at hand.
+struct RawBytes(Chunk);
+
+impl AsRef<[u8]> for RawBytes {
+    fn as_ref(&self) -> &[u8] {
+        self.0.data()
+    }
+}
+
+/// Encode one item; with `keep`, the encoded handle keeps the raw bytes as its decoded
+/// bytes (no copy), so that a delta on it in the next pass needs no decoding.
+fn encode_item(
+    it: &Item,
+    done: &HashMap<usize, (Chunk, Chunk)>,
+    keep: bool,
+) -> Option<(usize, Chunk, Chunk)> {
     let raw = it.raw.data();
     let base: Option<(ContentHash, Bytes, Arc<EncodedChunk>)> = match &it.base {
         BaseRef::None => None,
@@ -291,25 +341,40 @@ fn encode_item(it: &Item, done: &Done) -> Option<(usize, Chunk, Chunk)> {
         _ => (e.into_bytes(), None),
     };
     let enc = Arc::new(EncodedChunk::new(bytes.into_boxed_slice(), base));
-    let chunk = Chunk::stored(it.raw.hash(), it.raw.len_bytes(), enc);
+    let chunk = if keep {
+        let decoded = Bytes::new(Arc::new(RawBytes(it.raw.clone())));
+        enc.keep(&decoded);
+        Chunk::stored_loaded(it.raw.hash(), enc, decoded)
+    } else {
+        Chunk::stored(it.raw.hash(), it.raw.len_bytes(), enc)
+    };
     Some((it.raw.addr(), it.raw.clone(), chunk))
 }
 
 /// Encode `plan` on this thread (and the crate's pool), version by version, oldest
-/// first: a delta may take a chunk encoded earlier in the same pass as its base.
+/// first: a delta may take a chunk encoded earlier in the same pass as its base. The
+/// newest version's encoded chunks keep their raw bytes as decoded bytes: the next
+/// pass encodes its child against them without decoding their chains (a dense history
+/// that commits faster than it is encoded would otherwise decode up to
+/// [`MAX_DELTA_CHAIN`] links per chunk for every version it encodes).
 pub(crate) fn run(plan: Plan) -> Done {
-    let mut done = Done::new();
-    for items in plan.versions {
+    let mut done = HashMap::new();
+    let last = plan.versions.len().saturating_sub(1);
+    for (v, items) in plan.versions.iter().enumerate() {
+        let keep = v == last;
         let out: Vec<_> = crate::parallel::install(|| {
             items
                 .par_iter()
                 .with_min_len(1)
-                .filter_map(|it| encode_item(it, &done))
+                .filter_map(|it| encode_item(it, &done, keep))
                 .collect()
         });
         for (a, raw, enc) in out {
             done.insert(a, (raw, enc));
         }
     }
-    done
+    Done {
+        chunks: done,
+        _plan: plan,
+    }
 }
