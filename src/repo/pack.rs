@@ -503,9 +503,10 @@ pub(crate) fn write_pack(
 /// repository are read first, and so are bases) and encoded in parallel, and their
 /// stored forms gathered until a pack is full.
 ///
-/// A writer thread writes each full pack and makes it durable (a backend barrier) while
-/// the next group is encoded, so that the device writes and the encoding overlap (the
-/// caller's own barrier then finds the packs synced). Holds at most about three packs'
+/// A writer thread writes each full pack while the next group is encoded, and a syncer
+/// thread makes the written packs durable (a backend barrier) while the writer goes on
+/// with the next one, so that encoding, copying into the file system and the device's
+/// writes overlap (the caller's own barrier then finds the packs synced). Holds at most about three packs'
 /// worth of raw and stored bytes at a time: the group being encoded, the pack being
 /// gathered, and the one being written.
 ///
@@ -523,11 +524,26 @@ pub(crate) fn write_packs<'a>(
 ) -> Result<Vec<WrittenPack>> {
     std::thread::scope(|scope| {
         let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<Stored<'a>>>(1);
+        // Written packs are made durable by a syncer thread while the writer writes the
+        // next one (on a local disk, an fsync waits for the device while the next pack
+        // is copied into the page cache). One barrier covers every pack written before
+        // it, so the syncer skips notices that queued up meanwhile.
+        let (synced_tx, synced_rx) = std::sync::mpsc::channel::<()>();
+        let syncer = scope.spawn(move || -> Result<()> {
+            while synced_rx.recv().is_ok() {
+                while synced_rx.try_recv().is_ok() {}
+                backend.barrier()?;
+            }
+            Ok(())
+        });
         let writer = scope.spawn(move || -> Result<Vec<WrittenPack>> {
             let mut out = Vec::new();
             for pack in rx {
                 out.push(write_pack(backend, format, &pack)?);
-                backend.barrier()?;
+                // The syncer ended early (an error): stop; its error is returned.
+                if synced_tx.send(()).is_err() {
+                    break;
+                }
             }
             Ok(out)
         });
@@ -537,9 +553,12 @@ pub(crate) fn write_packs<'a>(
         let written = writer
             .join()
             .unwrap_or_else(|p| std::panic::resume_unwind(p));
-        match (gathered, written) {
-            (Err(e), _) | (Ok(()), Err(e)) => Err(e),
-            (Ok(()), Ok(out)) => Ok(out),
+        let synced = syncer
+            .join()
+            .unwrap_or_else(|p| std::panic::resume_unwind(p));
+        match (gathered, written, synced) {
+            (Err(e), _, _) | (Ok(()), Err(e), _) | (Ok(()), Ok(_), Err(e)) => Err(e),
+            (Ok(()), Ok(out), Ok(())) => Ok(out),
         }
     })
 }
@@ -877,5 +896,132 @@ mod tests {
             read_chunk(&backend, &chunks[5].0, &wrong),
             Err(Error::CorruptObject { .. })
         ));
+    }
+
+    /// A memory backend that records its puts of packs and its barriers, in order, and
+    /// fails barriers while `fail` is set.
+    #[derive(Debug, Default)]
+    struct Journal {
+        inner: MemoryBackend,
+        events: std::sync::Mutex<Vec<String>>,
+        fail: std::sync::atomic::AtomicBool,
+    }
+
+    impl Backend for Journal {
+        fn get(&self, key: &str) -> Result<Bytes> {
+            self.inner.get(key)
+        }
+        fn get_range(&self, key: &str, range: std::ops::Range<u64>) -> Result<Bytes> {
+            self.inner.get_range(key, range)
+        }
+        fn put(&self, key: &str, data: &[u8]) -> Result<()> {
+            self.inner.put(key, data)?;
+            self.events.lock().unwrap().push(format!("put {key}"));
+            Ok(())
+        }
+        fn put_if_absent(
+            &self,
+            key: &str,
+            data: &[u8],
+        ) -> Result<crate::repo::backend::PutOutcome> {
+            self.inner.put_if_absent(key, data)
+        }
+        fn list(&self, prefix: &str) -> Result<Vec<crate::repo::backend::ObjectInfo>> {
+            self.inner.list(prefix)
+        }
+        fn delete(&self, key: &str) -> Result<()> {
+            self.inner.delete(key)
+        }
+        fn barrier(&self) -> Result<()> {
+            if self.fail.load(std::sync::atomic::Ordering::SeqCst) {
+                return Err(Error::Io {
+                    path: "barrier".into(),
+                    kind: std::io::ErrorKind::Other,
+                    message: "the device is gone".into(),
+                });
+            }
+            self.events.lock().unwrap().push("barrier".into());
+            Ok(())
+        }
+        fn location(&self) -> String {
+            "journal".into()
+        }
+    }
+
+    /// Three chunks that take a pack each (each over half of PACK_TARGET_BYTES).
+    fn three_packs_of_chunks() -> Vec<Chunk> {
+        let len = PACK_TARGET_BYTES / 2 + 4096;
+        let alloc = crate::chunk::Alloc::default();
+        (0..3u8)
+            .map(|i| alloc.chunk_with(len, |b| b.fill(i + 1)))
+            .collect()
+    }
+
+    fn new_chunks(chunks: &[Chunk]) -> Vec<NewChunk<'_>> {
+        chunks
+            .iter()
+            .map(|c| NewChunk {
+                id: c.hash(),
+                chunk: c,
+                width: 1,
+                base: None,
+                coded: None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn written_packs_are_all_behind_a_barrier_when_write_packs_returns() {
+        let chunks = three_packs_of_chunks();
+        let backend = Journal::default();
+        let written = write_packs(&backend, FORMAT_VERSION, &new_chunks(&chunks), false).unwrap();
+        assert_eq!(written.len(), 3);
+        let events = backend.events.lock().unwrap().clone();
+        let puts: Vec<usize> = (0..events.len())
+            .filter(|&i| events[i] != "barrier")
+            .collect();
+        assert_eq!(puts.len(), 3, "{events:?}");
+        // Every pack is put before the last barrier: none is left unsynced.
+        assert_eq!(
+            events.last().map(String::as_str),
+            Some("barrier"),
+            "{events:?}"
+        );
+        for (p, w) in puts.iter().zip(&written) {
+            assert_eq!(events[*p], format!("put {}", pack_key(&w.id)));
+        }
+        for (c, w) in chunks.iter().zip(&written) {
+            let loc = Loc {
+                pack: w.id,
+                span: w.entries[0].span,
+            };
+            assert_eq!(
+                &read_chunk(&backend, &c.hash(), &loc).unwrap()[..],
+                c.data()
+            );
+        }
+    }
+
+    #[test]
+    fn a_failing_barrier_is_the_error_of_write_packs_and_stops_the_writer() {
+        let chunks = three_packs_of_chunks();
+        let backend = Journal::default();
+        backend
+            .fail
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        let got = write_packs(&backend, FORMAT_VERSION, &new_chunks(&chunks), false);
+        match got {
+            Err(Error::Io { message, .. }) => assert_eq!(message, "the device is gone"),
+            other => panic!(
+                "expected the barrier's error, got {:?}",
+                other.map(|w| w.len())
+            ),
+        }
+        assert!(!backend
+            .events
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|e| e == "barrier"));
     }
 }
