@@ -436,6 +436,23 @@ impl Store {
         self.hist.head_id()
     }
 
+    /// The id the next version recorded in this store gets (by [`commit`](Store::commit),
+    /// a merge, ...): one past the newest id ever used, pruned ones included. O(1).
+    ///
+    /// ```
+    /// # use tensor_history::Store;
+    /// # use ndarray::array;
+    /// let mut store = Store::new();
+    /// store.insert("w", &array![1.0f32])?;
+    /// let next = store.next_version_id();
+    /// assert_eq!(store.commit("init")?, next);
+    /// # Ok::<(), tensor_history::Error>(())
+    /// ```
+    #[must_use]
+    pub fn next_version_id(&self) -> VersionId {
+        self.hist.next_id()
+    }
+
     /// The branch HEAD is attached to (`None` when detached). O(1).
     #[must_use]
     pub fn current_branch(&self) -> Option<&str> {

@@ -18,6 +18,9 @@ Variants, each a loop of `--steps` steps from the same initial state and batches
 - `tracker_accept_reject` / `deepcopy_accept_reject`: every third step is rejected and
   undone (a tracker trial; or a deep copy of both state_dicts before each step, loaded
   back on a reject);
+- `tracker_accept_reject_background`: the same with `track(..., copy_in_background=True)`
+  (a kept step's copy runs on another thread while the next forward and backward run;
+  the optimizer's step waits for it);
 - `tracker_keep` / `tracker_keep_no_budget`: every step a tracker trial that is kept,
   with the tracker's default memory budget (what `track()` gives) and with a store
   without one; their ratio is the row `keep_under_budget` (issue target >= 0.95);
@@ -201,14 +204,18 @@ def variants(w: Workload, steps: int, tmp: Path) -> dict:
 
         return timed(w, steps, lambda opt: None, body)
 
-    def tracker_ar():
+    def tracker_ar(**kw):
         def body(tr, opt, i):
             with tr.trial() as t:
                 w.step(opt, i)
                 if not rejected(i):
                     t.keep()
 
-        return timed(w, steps, lambda opt: th.torch.track(w.model, opt), body)
+        return timed(w, steps, lambda opt: th.torch.track(w.model, opt, **kw), body,
+                     lambda tr: tr.store.settle())
+
+    def tracker_ar_background():
+        return tracker_ar(copy_in_background=True)
 
     def keep_every_step(store):
         def body(tr, opt, i):
@@ -308,6 +315,7 @@ def variants(w: Workload, steps: int, tmp: Path) -> dict:
         "baseline": baseline,
         "memcpy_floor": memcpy_floor,
         "tracker_accept_reject": tracker_ar,
+        "tracker_accept_reject_background": tracker_ar_background,
         "deepcopy_accept_reject": deepcopy_ar,
         "tracker_keep": tracker_keep,
         "tracker_keep_no_budget": tracker_keep_no_budget,
@@ -353,12 +361,14 @@ def run(w: Workload, steps: int, reps: int, rep: Report, tmp: Path) -> list:
             gc.collect()
     failures = []
     for n in names:
-        if n in ("baseline", "tracker_accept_reject", "deepcopy_accept_reject"):
+        if n in ("baseline", "tracker_accept_reject", "tracker_accept_reject_background",
+                 "deepcopy_accept_reject"):
             continue
         if not same(finals[n], finals["baseline"]):
             failures.append(f"{w.name}/{n} differs from baseline")
-    if not same(finals["tracker_accept_reject"], finals["deepcopy_accept_reject"]):
-        failures.append(f"{w.name}/tracker_accept_reject differs from deepcopy_accept_reject")
+    for n in ("tracker_accept_reject", "tracker_accept_reject_background"):
+        if not same(finals[n], finals["deepcopy_accept_reject"]):
+            failures.append(f"{w.name}/{n} differs from deepcopy_accept_reject")
     print(f"  final states bit for bit: {'ok' if not failures else failures}", file=sys.stderr)
     med = {n: statistics.median(v) for n, v in times.items()}
     base = med["baseline"]
@@ -372,8 +382,8 @@ def run(w: Workload, steps: int, reps: int, rep: Report, tmp: Path) -> list:
               file=sys.stderr)
     floor = over["memcpy_floor"]
     if floor > 0:
-        print(f"  tracker accept/reject overhead / memcpy floor's: "
-              f"{over['tracker_accept_reject'] / floor:.2f}", file=sys.stderr)
+        for n in ("tracker_accept_reject", "tracker_accept_reject_background"):
+            print(f"  {n} overhead / memcpy floor's: {over[n] / floor:.2f}", file=sys.stderr)
     st = over["ckpt_safetensors_fsync"]
     if st > 0:
         for n in ("ckpt_tracker_background", "ckpt_checkpoint_every_1", "ckpt_dcp_async_save"):

@@ -120,6 +120,45 @@ macro_rules! dtype_enums {
                 }
             }
         }
+        impl View<'_> {
+            /// The view's dtype.
+            pub(crate) fn dtype(&self) -> DType {
+                match self { $(View::$v(_) => DType::$v),* }
+            }
+            /// The address of the first element.
+            pub(crate) fn addr(&self) -> usize {
+                match self { $(View::$v(x) => x.as_ptr() as usize),* }
+            }
+            /// The view's shape.
+            pub(crate) fn shape(&self) -> &[usize] {
+                match self { $(View::$v(x) => x.shape()),* }
+            }
+            /// Whether the view is C-contiguous.
+            pub(crate) fn is_standard_layout(&self) -> bool {
+                match self { $(View::$v(x) => x.is_standard_layout()),* }
+            }
+        }
+        /// A C-contiguous view of `shape` elements of dtype `dt` at `addr` (`None` for a
+        /// dtype with no view).
+        ///
+        /// # Safety
+        ///
+        /// `addr` must be the address of a C-contiguous array of that dtype and shape
+        /// (aligned, non-null), readable for as long as the view is used.
+        #[allow(unsafe_code)] // the one place views are made from addresses: commit_later
+        pub(crate) unsafe fn view_from_raw(
+            dt: DType,
+            addr: usize,
+            shape: &[usize],
+        ) -> Option<View<'static>> {
+            match dt {
+                $(DType::$v => Some(View::$v(
+                    // SAFETY: as the caller promises.
+                    unsafe { ArrayViewD::from_shape_ptr(IxDyn(shape), addr as *const $t) }
+                )),)*
+                _ => None,
+            }
+        }
         impl WriteGuard<'_> {
             pub(crate) fn view_mut(&mut self) -> ViewMut<'_> {
                 match self {

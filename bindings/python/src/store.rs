@@ -1,12 +1,12 @@
 //! `Store`: the core store behind a mutex, every call made without the GIL.
 
 use std::path::PathBuf;
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use tensor_history::{
-    Error, MergeStrategy, Ref, Retention, Snapshot, Store, VersionId, WriteStats,
+    Error, MergeStrategy, Meta, Ref, Retention, Snapshot, Store, VersionId, WriteStats,
 };
 
 use crate::arrays::{self, on_view, View, ViewMut};
@@ -17,7 +17,10 @@ use crate::types::{
     diff_dict, log_rows, meta_dict, meta_from_py, PyLogEntry, PyPruneStats, PyStats, PyVersion,
     PyWriteStats, RefArg,
 };
-use crate::writeback::{check_targets, read_mapping, sync, write_mapping, write_targets};
+use crate::writeback::{
+    check_targets, raw_mapping, read_mapping, sync, sync_undoable, undo_sync, write_mapping,
+    write_targets, Undo,
+};
 
 /// The state behind the lock.
 pub(crate) struct Inner {
@@ -42,7 +45,45 @@ impl Inner {
 /// a call that reads or writes them runs.
 #[pyclass(frozen, module = "tensor_history", name = "Store")]
 pub(crate) struct PyStore {
-    inner: Mutex<Inner>,
+    inner: Arc<Mutex<Inner>>,
+    /// The copy `commit_later` runs on another thread, and the commit that follows it.
+    /// Every call settles it first (see `settle`), holding this lock until it is done.
+    pending: Mutex<Option<Pending>>,
+}
+
+/// A rayon pool of one thread, where `commit_later` copies (`None` if it cannot be made:
+/// the copy then runs on the global pool).
+fn one_thread_pool() -> Option<&'static rayon::ThreadPool> {
+    static POOL: std::sync::OnceLock<Option<rayon::ThreadPool>> = std::sync::OnceLock::new();
+    POOL.get_or_init(|| {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .thread_name(|_| "th-commit-later-copy".into())
+            .build()
+            .ok()
+    })
+    .as_ref()
+}
+
+thread_local! {
+    /// Set while this thread runs a `commit_later` check.
+    static IN_CHECK: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// A `commit_later` in flight.
+struct Pending {
+    /// Copies the arrays into the working state (holding the store's lock meanwhile);
+    /// returns what that replaced, to put back if the commit is given up.
+    copy: std::thread::JoinHandle<Result<Undo, Error>>,
+    /// Called (no arguments) once the copy ended: returns normally to commit, raises to
+    /// give the commit up.
+    check: Py<PyAny>,
+    message: String,
+    meta: Meta,
+    /// The id the commit gets, given to the caller of `commit_later`.
+    id: VersionId,
+    /// The arrays being read, kept alive until the copy ended.
+    _arrays: Vec<Py<PyAny>>,
 }
 
 pub(crate) type Written = Vec<(String, WriteStats)>;
@@ -82,6 +123,7 @@ impl PyStore {
         py: Python<'_>,
         f: impl FnOnce(&mut Inner) -> R + Send,
     ) -> PyResult<R> {
+        self.settle_pending(py)?;
         py.detach(|| {
             let mut g = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
             if g.closed {
@@ -90,6 +132,89 @@ impl PyStore {
             Some(f(&mut g))
         })
         .ok_or_else(errors::store_closed)
+    }
+
+    /// The pending slot, locked; waits for another thread's settle without the GIL (which
+    /// that settle may need for its check).
+    /// Raises `InvalidArgument` when called from a `commit_later` check (which must not
+    /// call the store it checks for).
+    fn pending_slot(&self, py: Python<'_>) -> PyResult<std::sync::MutexGuard<'_, Option<Pending>>> {
+        if IN_CHECK.with(std::cell::Cell::get) {
+            return Err(errors::invalid_argument(
+                "the check of commit_later called the store; it must not",
+            ));
+        }
+        loop {
+            match self.pending.try_lock() {
+                Ok(g) => return Ok(g),
+                Err(std::sync::TryLockError::Poisoned(p)) => return Ok(p.into_inner()),
+                Err(std::sync::TryLockError::WouldBlock) => {
+                    py.detach(|| std::thread::sleep(std::time::Duration::from_micros(100)));
+                }
+            }
+        }
+    }
+
+    fn with_inner(store: Store) -> PyStore {
+        PyStore {
+            inner: Arc::new(Mutex::new(Inner::new(store))),
+            pending: Mutex::new(None),
+        }
+    }
+
+    /// Finish a `commit_later` in flight: wait for its copy, call its check, then commit
+    /// (or, if the copy failed or the check raised, put back what the copy replaced and
+    /// raise that error). Holds the pending slot throughout, so that no other call runs
+    /// between the copy and the commit.
+    fn settle_pending(&self, py: Python<'_>) -> PyResult<()> {
+        let mut slot = self.pending_slot(py)?;
+        let Some(p) = slot.take() else {
+            return Ok(());
+        };
+        let copied = py.detach(|| p.copy.join()).unwrap_or_else(|_| {
+            Err(Error::Internal {
+                reason: "the thread of commit_later panicked".into(),
+            })
+        });
+        drop(p._arrays);
+        let checked = match &copied {
+            Ok(_) => {
+                IN_CHECK.with(|c| c.set(true));
+                let r = p.check.call0(py).map(|_| ());
+                IN_CHECK.with(|c| c.set(false));
+                r
+            }
+            Err(_) => Ok(()),
+        };
+        let (message, meta, id) = (p.message, p.meta, p.id);
+        let ok = checked.is_ok();
+        let outcome = py.detach(move || -> Result<Result<(), Error>, ()> {
+            let mut g = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+            let store = &mut g.store;
+            match (copied, ok) {
+                (Ok(_), true) => Ok(match store.commit_with(&message, meta) {
+                    Ok(got) if got == id => Ok(()),
+                    Ok(got) => Err(Error::Internal {
+                        reason: format!("commit_later promised {id}, the commit made {got}"),
+                    }),
+                    Err(e) => Err(e),
+                }),
+                (Ok(undo), false) => {
+                    undo_sync(store, undo);
+                    Err(())
+                }
+                (Err(e), _) => Ok(Err(e)),
+            }
+        });
+        drop(slot);
+        match outcome {
+            Ok(r) => r.or_py(),
+            // the check's own exception
+            Err(()) => match checked {
+                Err(e) => Err(e),
+                Ok(()) => unreachable!("given up only when the check raised"),
+            },
+        }
     }
 }
 
@@ -109,9 +234,7 @@ impl PyStore {
     ) -> PyResult<Self> {
         let c = persist::config(chunk_bytes, max_versions, recycle_bytes, memory_budget);
         let store = Store::with_config(c).or_py()?;
-        Ok(PyStore {
-            inner: Mutex::new(Inner::new(store)),
-        })
+        Ok(PyStore::with_inner(store))
     }
 
     /// Open the repository at `path` (a directory, created if absent): refs, HEAD and
@@ -133,9 +256,7 @@ impl PyStore {
     ) -> PyResult<Self> {
         let c = persist::config(chunk_bytes, max_versions, recycle_bytes, memory_budget);
         let store = py.detach(|| persist::open(&path, c)).or_py()?;
-        Ok(PyStore {
-            inner: Mutex::new(Inner::new(store)),
-        })
+        Ok(PyStore::with_inner(store))
     }
 
     /// Where this store saves (`None` before `open` or `save_as`).
@@ -323,6 +444,7 @@ impl PyStore {
     /// (`with Store.open(path) as s:`) is closed when the block ends, also on an
     /// exception. GIL released.
     fn close(&self, py: Python<'_>) -> PyResult<()> {
+        self.settle_pending(py)?;
         let old = py.detach(|| {
             let mut g = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
             if g.closed {
@@ -488,6 +610,97 @@ impl PyStore {
             .run(py, |i| i.store.commit_with(message, meta))
             .or_py()?;
         Ok(id.into())
+    }
+
+    /// Commit `arrays` (`{name: array}`, C-contiguous) with `message` and the keyword
+    /// arguments as metadata, as `sync(arrays)` then `commit(...)` would, but copy them
+    /// on another thread: returns at once the `Version` the commit will get. The next
+    /// call on this store (any method, or `settle()`) waits for the copy, then calls
+    /// `check()`: if it returns, the commit is made; if it raises, the variables the copy
+    /// wrote are put back as they were, no version is made, and that call raises the
+    /// check's exception. A failed copy raises the same way.
+    ///
+    /// The arrays are read while the caller goes on: nothing may write them, resize
+    /// them or free their memory until the store is settled (`check` is where a caller
+    /// that cannot prevent a write detects one). The arrays are kept alive until then.
+    #[pyo3(signature = (arrays, check, message = "", **metadata))]
+    fn commit_later(
+        &self,
+        py: Python<'_>,
+        arrays: &Bound<'_, PyAny>,
+        check: Py<PyAny>,
+        message: &str,
+        metadata: Option<&Bound<'_, PyDict>>,
+    ) -> PyResult<PyVersion> {
+        let meta = meta_from_py(metadata)?;
+        meta.validate().or_py()?;
+        self.settle_pending(py)?;
+        let (raws, keep) = raw_mapping(arrays)?;
+        let mut slot = self.pending_slot(py)?;
+        let inner = Arc::clone(&self.inner);
+        let (id_tx, id_rx) = std::sync::mpsc::channel::<Option<VersionId>>();
+        let copy = std::thread::Builder::new()
+            .name("th-commit-later".into())
+            .spawn(move || -> Result<Undo, Error> {
+                let mut g = inner.lock().unwrap_or_else(PoisonError::into_inner);
+                if g.closed {
+                    let _ = id_tx.send(None);
+                    return Err(Error::InvalidArgument {
+                        reason: "the store is closed".into(),
+                    });
+                }
+                let _ = id_tx.send(Some(g.store.next_version_id()));
+                let mut views = Vec::with_capacity(raws.len());
+                for r in &raws {
+                    // SAFETY: the arrays are kept alive by the pending commit until this
+                    // thread ended; `commit_later`'s caller promised not to write, resize
+                    // or free them meanwhile.
+                    #[allow(unsafe_code)]
+                    let view = unsafe { r.view() };
+                    match view {
+                        Some(v) => views.push((r.name.clone(), v)),
+                        None => {
+                            return Err(Error::InvalidArgument {
+                                reason: format!("`{}`: unsupported dtype", r.name),
+                            })
+                        }
+                    }
+                }
+                // On one thread: the caller goes on computing on the others.
+                let store = &mut g.store;
+                let mut copy = move || sync_undoable(store, &views).map(|(_, undo)| undo);
+                match one_thread_pool() {
+                    Some(pool) => pool.install(copy),
+                    None => copy(),
+                }
+            })
+            .map_err(|e| {
+                pyo3::exceptions::PyRuntimeError::new_err(format!("cannot start a thread: {e}"))
+            })?;
+        let id = py.detach(move || id_rx.recv().ok().flatten());
+        let Some(id) = id else {
+            let _ = py.detach(|| copy.join());
+            return Err(errors::store_closed());
+        };
+        *slot = Some(Pending {
+            copy,
+            check,
+            message: message.to_owned(),
+            meta,
+            id,
+            _arrays: keep,
+        });
+        Ok(id.into())
+    }
+
+    /// Finish a `commit_later` in flight (see there); nothing to do without one.
+    fn settle(&self, py: Python<'_>) -> PyResult<()> {
+        self.settle_pending(py)
+    }
+
+    /// Whether a `commit_later` is in flight.
+    fn commit_pending(&self, py: Python<'_>) -> PyResult<bool> {
+        Ok(self.pending_slot(py)?.is_some())
     }
 
     /// The current version (`None` before the first commit).

@@ -52,6 +52,57 @@ pub(crate) fn read_mapping<'py>(
     Ok(out)
 }
 
+/// An array read later, on another thread, by address (see `Store.commit_later`).
+pub(crate) struct RawArray {
+    pub(crate) name: String,
+    dtype: tensor_history::DType,
+    addr: usize,
+    shape: Vec<usize>,
+}
+
+impl RawArray {
+    /// The array as a view.
+    ///
+    /// # Safety
+    ///
+    /// The array it was taken from must still be alive, unmoved and unresized.
+    #[allow(unsafe_code)]
+    pub(crate) unsafe fn view(&self) -> Option<View<'static>> {
+        // SAFETY: as the caller promises; the address, dtype and shape were read from a
+        // C-contiguous array.
+        unsafe { arrays::view_from_raw(self.dtype, self.addr, &self.shape) }
+    }
+}
+
+/// Every array of a mapping as a [`RawArray`], and the array objects (to keep them alive
+/// while they are read). Arrays must be C-contiguous.
+pub(crate) fn raw_mapping(
+    arrays_obj: &Bound<'_, PyAny>,
+) -> PyResult<(Vec<RawArray>, Vec<Py<PyAny>>)> {
+    let mut raws = Vec::new();
+    let mut keep = Vec::new();
+    for (name, arr) in pairs(arrays_obj, "arrays")? {
+        let (u, dt) = arrays::input(&arr, &name, None)?;
+        let g = arrays::read(&u, dt)?;
+        let v = g.view();
+        if !v.is_standard_layout() {
+            return Err(crate::errors::invalid_argument(&format!(
+                "`{name}`: commit_later reads C-contiguous arrays only"
+            )));
+        }
+        raws.push(RawArray {
+            name,
+            dtype: v.dtype(),
+            addr: v.addr(),
+            shape: v.shape().to_vec(),
+        });
+        drop(v);
+        drop(g);
+        keep.push(u.into_any().unbind());
+    }
+    Ok((raws, keep))
+}
+
 /// `(name, writable borrow)` pairs of an `into=` mapping (`None`: no targets).
 pub(crate) fn write_mapping<'py>(
     into: Option<&Bound<'py, PyAny>>,
@@ -94,13 +145,25 @@ pub(crate) fn write_targets(
     Ok(out)
 }
 
+/// What [`sync_undoable`] replaced: each variable it wrote with its tensor before (`None`
+/// for one it inserted).
+pub(crate) type Undo = Vec<(String, Option<Tensor>)>;
+
 /// Write (or insert) every array into the working state, all or nothing: on an error the
 /// variables touched so far are put back as they were.
 pub(crate) fn sync(
     store: &mut Store,
     inputs: &[(String, View<'_>)],
 ) -> Result<Vec<(String, WriteStats)>, Error> {
-    let mut undo: Vec<(String, Option<Tensor>)> = Vec::with_capacity(inputs.len());
+    sync_undoable(store, inputs).map(|(out, _)| out)
+}
+
+/// [`sync`], also returning what it replaced, for [`undo_sync`].
+pub(crate) fn sync_undoable(
+    store: &mut Store,
+    inputs: &[(String, View<'_>)],
+) -> Result<(Vec<(String, WriteStats)>, Undo), Error> {
+    let mut undo: Undo = Vec::with_capacity(inputs.len());
     let mut out = Vec::with_capacity(inputs.len());
     for (name, v) in inputs {
         let prev = store.tensor(name).ok().cloned();
@@ -122,17 +185,22 @@ pub(crate) fn sync(
                 out.push((name.clone(), s));
             }
             Err(e) => {
-                for (n, old) in undo.into_iter().rev() {
-                    let _ = store.remove(&n);
-                    if let Some(t) = old {
-                        let _ = store.insert_tensor(&n, t);
-                    }
-                }
+                undo_sync(store, undo);
                 return Err(e);
             }
         }
     }
-    Ok(out)
+    Ok((out, undo))
+}
+
+/// Put back the variables a sync replaced (removing those it inserted), last first.
+pub(crate) fn undo_sync(store: &mut Store, undo: Undo) {
+    for (n, old) in undo.into_iter().rev() {
+        let _ = store.remove(&n);
+        if let Some(t) = old {
+            let _ = store.insert_tensor(&n, t);
+        }
+    }
 }
 
 impl PyStore {

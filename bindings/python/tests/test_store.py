@@ -477,3 +477,60 @@ def test_a_memory_budget_keeps_old_versions_encoded_and_reads_them_back():
         assert same(s.get("w", at=v), want)
     s.verify()
     assert th.Store().memory_budget is None
+
+
+def test_commit_later_copies_on_another_thread_and_commits_at_the_next_call():
+    s = th.Store()
+    a = np.arange(1 << 16, dtype=np.float32)
+    s.insert("a", a)
+    v0 = s.commit("init")
+    a += 1
+    b = np.ones((3, 5), np.int64)
+    checked = []
+    v1 = s.commit_later({"a": a, "b": b}, lambda: checked.append(True), "later", step=1)
+    assert v1 != v0
+    assert s.commit_pending()
+    assert s.head() == v1  # settled: the copy ended, the check ran, the commit made
+    assert checked == [True] and not s.commit_pending()
+    assert s.metadata(v1) == {"step": 1} and s.log()[0].message == "later"
+    a += 1  # after the commit: the version keeps what was copied
+    assert same(s.get("a", at=v1), a - 1)
+    assert same(s.get("b", at=v1), b)
+    s.verify()
+
+
+def test_a_check_that_raises_gives_the_commit_up_and_puts_the_variables_back():
+    s = th.Store()
+    s.insert("a", np.zeros(100, np.float32))
+    s.insert("mine", np.full(4, 7.0))
+    v0 = s.commit("init")
+    s.write("mine", np.full(4, 8.0))  # an uncommitted change the failed commit keeps
+
+    def check():
+        raise ValueError("written while copied")
+
+    s.commit_later({"a": np.ones(100, np.float32), "new": np.ones(3)}, check, "lost")
+    with pytest.raises(ValueError, match="written while copied"):
+        s.names()
+    assert s.head() == v0 and len(s.log()) == 1
+    assert sorted(s.names()) == ["a", "mine"]
+    assert same(s.get("a"), np.zeros(100, np.float32))
+    assert same(s.get("mine"), np.full(4, 8.0))
+    s.verify()
+
+
+def test_commit_later_refuses_what_it_cannot_read_later_and_its_check_cannot_call_the_store():
+    s = th.Store()
+    s.insert("a", np.zeros((4, 4), np.float32))
+    v0 = s.commit("init")
+    with pytest.raises(th.InvalidArgument):
+        s.commit_later({"a": np.ones((4, 4), np.float32).T[::2]}, lambda: None)
+    assert not s.commit_pending()
+    s.commit_later({"a": np.ones((4, 4), np.float32)}, lambda: s.head())
+    with pytest.raises(th.InvalidArgument, match="must not"):
+        s.settle()
+    assert s.head() == v0
+    s.commit_later({"a": np.ones((4, 4), np.float32)}, lambda: None)
+    s.close()  # settles first: the version is made, then the store closes
+    with pytest.raises(th.StoreClosed):
+        s.head()

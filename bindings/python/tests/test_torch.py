@@ -377,11 +377,12 @@ def _deepcopy(m, opt):
     return m2, opt2
 
 
+@pytest.mark.parametrize("background", [False, True], ids=["copy-now", "copy-in-background"])
 @pytest.mark.parametrize("name,variant", _optimizer_cases())
-def test_every_optimizer_matches_a_deepcopy_run_bit_for_bit(name, variant):
+def test_every_optimizer_matches_a_deepcopy_run_bit_for_bit(name, variant, background):
     m, opt = _model_and_optimizer(name, variant)
     ref_m, ref_opt = _deepcopy(m, opt)
-    tr = th.torch.track(m, opt)
+    tr = th.torch.track(m, opt, copy_in_background=background)
     sparse = name == "SparseAdam"
     for i in range(6):
         accept = i % 3 != 1
@@ -458,3 +459,77 @@ def test_keep_takes_a_loss_tensor_without_warnings():
     assert "loss=" in g and "groups" not in g
     with pytest.raises(TypeError, match="metadata `w`"):
         tr.commit("bad", w=torch.zeros(3))
+
+
+def _mlp_and_adam():
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    return m, torch.optim.Adam(m.parameters(), lr=1e-2)
+
+
+def _step(m, opt, i):
+    g = torch.Generator().manual_seed(i)
+    opt.zero_grad()
+    m(torch.randn(8, 16, generator=g)).pow(2).mean().backward()
+    opt.step()
+
+
+def test_copy_in_background_keeps_what_keep_saw_while_the_next_forward_runs():
+    m, opt = _mlp_and_adam()
+    tr = th.torch.track(m, opt, copy_in_background=True)
+    kept = {}
+    for i in range(5):
+        with tr.trial() as t:
+            _step(m, opt, i)
+            v = t.keep()
+            kept[v] = snapshot(m, opt)
+        # the copy of v may still run: a forward and backward read the weights meanwhile
+        opt.zero_grad()
+        m(torch.randn(8, 16)).pow(2).mean().backward()
+    assert tr.store.commit_pending() is True
+    assert tr.store.head() == v  # any call on the store makes the pending commit first
+    assert tr.store.commit_pending() is False
+    for v, want in kept.items():
+        tr.restore(v)
+        assert_bitwise(snapshot(m, opt), want)
+    tr.store.verify()
+
+
+def test_a_tensor_written_in_place_while_copied_gives_the_version_up_and_nothing_else():
+    m, opt = _mlp_and_adam()
+    tr = th.torch.track(m, opt, copy_in_background=True)
+    with tr.trial() as t:
+        _step(m, opt, 0)
+        good = t.keep()
+    want = snapshot(m, opt)
+    versions = len(tr.log())
+    with pytest.raises(th.TrialError) as e:
+        with tr.trial() as t:
+            _step(m, opt, 1)
+            lost = t.keep()
+            with torch.no_grad():
+                m[0].weight.mul_(2.0)  # not through the optimizer: the copy may be torn
+            _step(m, opt, 2)  # the step waits for the copy, whose check fails
+    assert e.value.reason == "changed while copied"
+    # No version `lost`; the trial put back what it had kept before (its base).
+    assert tr.store.head() == good
+    assert len(tr.log()) == versions
+    with pytest.raises(th.UnknownVersion):
+        tr.store.snapshot(lost)
+    assert_bitwise(snapshot(m, opt), want)
+    # and the tracker goes on
+    with tr.trial() as t:
+        _step(m, opt, 3)
+        v = t.keep()
+    after = snapshot(m, opt)
+    tr.restore(good)
+    assert_bitwise(snapshot(m, opt), want)
+    tr.restore(v)
+    assert_bitwise(snapshot(m, opt), after)
+    tr.store.verify()
+
+
+def test_copy_in_background_needs_an_optimizer():
+    m, _ = _mlp_and_adam()
+    with pytest.raises(TypeError):
+        th.torch.track(m, None, copy_in_background=True)

@@ -87,7 +87,10 @@ class Trial:
             raise TrialError("keep() outside the trial's with block", reason="not entered")
         tr = self._tracker
         tr._checkpoint_outcome()
+        before = self.kept
         v = tr._commit(message if message is not None else self.message, metadata)
+        if tr._pending is not None:
+            tr._pending_trial = (self, before)
         self.kept = v
         tr._checkpoint_after_commit()
         return v
@@ -102,8 +105,8 @@ class Trial:
         # hyper-parameters moved on since the last commit, record them first (copying
         # only the changed chunks), so that a revert goes back to them, not to HEAD.
         if tr.is_dirty():
-            tr._commit(f"{self.message} (base)", {})
-        self.base = tr.store.head()
+            tr._commit(f"{self.message} (base)", {}, defer=False)
+        self.base = tr._head()
         tr._trial = self
         return self
 
@@ -113,6 +116,10 @@ class Trial:
         self._ended = True
         target = self.kept if self.kept is not None else self.base
         assert target is not None
+        if tr._pending is not None and target == tr._head() and not tr._moved_since_sync():
+            # Left right after keep(), nothing changed since: nothing to put back (and
+            # the copy keep() started goes on).
+            return False
         tr._apply(target, lambda: tr.store.restore(target), partial=True)
         return False
 
@@ -137,10 +144,18 @@ class Tracker:
         message: str = "track",
         trust_versions: bool = True,
         resume: Optional[bool] = None,
+        copy_in_background: bool = False,
     ) -> None:
         # Without a store, one of the default memory budget (see DEFAULT_BUDGET_MODELS).
         self.store = store if store is not None else tracker_store(None, self._model_bytes())
         self.trust_versions = trust_versions
+        # copy_in_background: the tokens of the tensors a commit copies on another thread
+        # (see Store.commit_later), until the store settles it; the tensors; and the trial
+        # that kept it, with what that trial had kept before.
+        self.copy_in_background = bool(copy_in_background)
+        self._pending: Optional[Dict[str, Any]] = None
+        self._pending_entries: Dict[str, Any] = {}
+        self._pending_trial: Optional[Tuple[Trial, Optional[Version]]] = None
         self._trial: Optional[Trial] = None
         # name -> identity token at the last sync; the tensors are held so that their
         # storage cannot be freed and reused by a new tensor at the same address.
@@ -314,7 +329,7 @@ class Tracker:
     def _dirty_names(self, entries: Dict[str, Any], tokens: Dict[str, Any],
                      untrusted: set) -> list:
         """Names that may differ from HEAD (all of them without trusted tokens)."""
-        if not self.trust_versions or self.store.head() != self._synced_head:
+        if not self.trust_versions or self._head() != self._synced_head:
             return list(entries)
         synced = self._synced
         forced = self._forced_dirty(entries)
@@ -324,7 +339,7 @@ class Tracker:
         dirty += [n for n in synced if n not in entries]
         return dirty
 
-    def _commit(self, message: str, metadata: dict) -> Version:
+    def _commit(self, message: str, metadata: dict, defer: bool = True) -> Version:
         entries, tokens, untrusted = self._live()
         dirty = self._dirty_names(entries, tokens, untrusted)
         arrays = self._as_stored({n: self._np(n, entries[n]) for n in dirty if n in entries})
@@ -335,13 +350,74 @@ class Tracker:
         text = self._dump_scalars(scalars)
         if text is not None:
             meta[self.SCALARS_KEY] = text
+        later: Dict[str, np.ndarray] = {}
+        if defer and self.copy_in_background and self.trust_versions:
+            # Tensors whose in-place writes advance their tokens are copied on another
+            # thread; the others (buffers updated inside kernels) here, now.
+            later = {n: a for n, a in arrays.items()
+                     if n not in untrusted and a.flags.c_contiguous}
+            arrays = {n: a for n, a in arrays.items() if n not in later}
         self.store.sync(arrays)
         for n in gone:
             self.store.remove(n)
-        v = self.store.commit(message, **meta)
+        if later:
+            v = self.store.commit_later(later, self._check_pending, message, **meta)
+            self._pending = {n: tokens[n] for n in later}
+            self._pending_entries = {n: entries[n] for n in later}
+        else:
+            v = self.store.commit(message, **meta)
         self._extras[v] = scalars
         self._mark_synced(entries, tokens, v)
         return v
+
+    # ---- copies in the background (copy_in_background) ---------------------------------
+
+    def _head(self) -> Optional[Version]:
+        """HEAD, without waiting for a commit whose copy is in flight (its version)."""
+        if self._pending is not None:
+            return self._synced_head
+        return self.store.head()
+
+    def _moved_since_sync(self) -> bool:
+        """Whether a tensor or hyper-parameter may have changed since the last sync, told
+        without reading the store (tensors that are always compared count as changed)."""
+        entries, tokens, untrusted = self._live()
+        if self._dirty_names(entries, tokens, untrusted):
+            return True
+        extras = self._extras.get(self._synced_head)
+        return extras is None or not self._same_scalars(self._scalars(copy=False), extras)
+
+    def _settle(self) -> None:
+        """Wait for a commit whose copy is in flight and make it (raises ``TrialError``
+        if a tensor changed while it was copied; that commit is then given up)."""
+        if self._pending is not None:
+            self.store.settle()
+
+    def _check_pending(self) -> None:
+        """Called by the store when the copy of a pending commit ended: ``TrialError`` if
+        a tensor it copied was written meanwhile (the store then gives the commit up).
+        Must not call the store."""
+        pending, entries = self._pending, self._pending_entries
+        self._pending, self._pending_entries = None, {}
+        trial, self._pending_trial = self._pending_trial, None
+        if pending is None:
+            return
+        changed = [n for n, tok in pending.items() if self._token(entries[n]) != tok]
+        if not changed:
+            return
+        lost = self._synced_head
+        self._extras.pop(lost, None)
+        # Nothing is known of the live tensors now: the next sync compares every one.
+        self._synced = {}
+        self._synced_head = None
+        if trial is not None:
+            trial[0].kept = trial[1]
+        raise TrialError(
+            f"{changed[:5]} changed in place while the tracker copied them for version "
+            f"{lost} (copy_in_background): that version was not made. Let only the "
+            "optimizer's step() write tracked tensors between keep() or commit() and the "
+            "next step, or track with copy_in_background=False.",
+            reason="changed while copied")
 
     def _apply(self, target: Version, move, partial: bool = False) -> None:
         """Move the store with `move()` (to `target`) and write `target` into the model
@@ -505,7 +581,7 @@ class Tracker:
         """Whether the model, the optimizer state or the hyper-parameters changed since
         HEAD: tensors by identity tokens where they are trusted, by comparing bytes
         otherwise; hyper-parameters by value."""
-        head = self.store.head()
+        head = self._head()
         if head != self._synced_head:
             return True
         entries, tokens, untrusted = self._live()

@@ -36,6 +36,18 @@ to know:
   saved a restored tensor raises torch's "modified by an inplace operation" error instead
   of computing silently wrong gradients. ``.grad`` fields are not part of the state and
   are left as they are (call ``optimizer.zero_grad()`` as usual).
+- ``track(..., copy_in_background=True)``: a commit or ``keep()`` copies the parameters
+  and optimizer state on another thread (``Store.commit_later``) and returns at once,
+  with the version it will be; the copy runs while the next forward and backward read
+  the weights, and the optimizer's ``step()`` (a step pre-hook) waits for it, as does
+  any call on the tracker or its store. Buffers are copied at once (kernels update
+  BatchNorm's statistics without moving version counters). Only the optimizer may write
+  the tracked tensors until its next step: a tensor written in place meanwhile (seen by
+  its version counter when the copy is checked) makes that step, or the next tracker
+  call, raise ``TrialError(reason="changed while copied")``; that version is then not
+  made and the trial goes back to what it kept before. Resizing a tracked tensor or
+  writing it through a ``.numpy()`` view in that window is not detected: don't. (A
+  trial's base commit, and every commit with ``trust_versions=False``, copy at once.)
 - Tied weights (several state_dict names over the same storage) are stored once.
 - CPU, dense (strided) tensors only: others raise ``TrialError`` (``reason="device"``,
   ``"layout"``). Optimizer state that appears (first ``step()``) or disappears between
@@ -141,7 +153,11 @@ class Tracker(_Tracker):
         message: str = "track",
         trust_versions: bool = True,
         resume: Optional[bool] = None,
+        copy_in_background: bool = False,
     ) -> None:
+        if copy_in_background and getattr(optimizer, "register_step_pre_hook", None) is None:
+            raise TypeError("copy_in_background=True needs an optimizer (its step() waits "
+                            "for the copy)")
         self.model = model
         self.optimizer = optimizer
         self._kinds: Dict[str, Any] = {}
@@ -160,8 +176,18 @@ class Tracker(_Tracker):
                     m(opt, args, kwargs)
 
             self._hook = register(hook)
+        self._pre_hook = None
+        if copy_in_background:
+            settle = weakref.WeakMethod(self._settle)
+
+            def pre_hook(opt: Any, args: Any, kwargs: Any) -> None:
+                m = settle()
+                if m is not None:
+                    m()
+
+            self._pre_hook = optimizer.register_step_pre_hook(pre_hook)
         super().__init__(store=store, message=message, trust_versions=trust_versions,
-                         resume=resume)
+                         resume=resume, copy_in_background=copy_in_background)
 
     def _model_bytes(self) -> int:
         return model_bytes(self.model)
