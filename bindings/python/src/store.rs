@@ -51,6 +51,22 @@ pub(crate) struct PyStore {
     pending: Mutex<Option<Pending>>,
 }
 
+impl Drop for PyStore {
+    /// A store dropped with a `commit_later` in flight waits for its copy (which reads
+    /// arrays the pending commit keeps alive until then); the commit is not made.
+    fn drop(&mut self) {
+        let slot = self
+            .pending
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(p) = slot.take() {
+            if p.pid == std::process::id() {
+                let _ = p.copy.join();
+            }
+        }
+    }
+}
+
 /// A rayon pool of one thread, where `commit_later` copies (`None` if it cannot be made:
 /// the copy then runs on the global pool).
 fn one_thread_pool() -> Option<&'static rayon::ThreadPool> {
@@ -84,6 +100,8 @@ struct Pending {
     id: VersionId,
     /// The arrays being read, kept alive until the copy ended.
     _arrays: Vec<Py<PyAny>>,
+    /// The process that started the copy (a forked child has no such thread).
+    pid: u32,
 }
 
 pub(crate) type Written = Vec<(String, WriteStats)>;
@@ -171,6 +189,13 @@ impl PyStore {
         let Some(p) = slot.take() else {
             return Ok(());
         };
+        if p.pid != std::process::id() {
+            // Started before a fork: the copy thread is in the parent.
+            return Err(errors::invalid_argument(
+                "a commit_later of this store was in flight when the process forked; \
+                 the child cannot finish it",
+            ));
+        }
         let copied = py.detach(|| p.copy.join()).unwrap_or_else(|_| {
             Err(Error::Internal {
                 reason: "the thread of commit_later panicked".into(),
@@ -622,7 +647,9 @@ impl PyStore {
     ///
     /// The arrays are read while the caller goes on: nothing may write them, resize
     /// them or free their memory until the store is settled (`check` is where a caller
-    /// that cannot prevent a write detects one). The arrays are kept alive until then.
+    /// that cannot prevent a write detects one). The arrays are kept alive until then,
+    /// and a store dropped meanwhile waits for the copy. A process forked while the copy
+    /// runs gets `InvalidArgument` from its next call on this store.
     #[pyo3(signature = (arrays, check, message = "", **metadata))]
     fn commit_later(
         &self,
@@ -689,6 +716,7 @@ impl PyStore {
             meta,
             id,
             _arrays: keep,
+            pid: std::process::id(),
         });
         Ok(id.into())
     }

@@ -3,6 +3,7 @@ refs, history calls and errors."""
 
 from __future__ import annotations
 
+import os
 import threading
 
 import ml_dtypes
@@ -534,3 +535,25 @@ def test_commit_later_refuses_what_it_cannot_read_later_and_its_check_cannot_cal
     s.close()  # settles first: the version is made, then the store closes
     with pytest.raises(th.StoreClosed):
         s.head()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_child_forked_with_a_commit_later_in_flight_is_told_and_the_parent_commits():
+    s = th.Store()
+    a = np.zeros(1 << 20, np.float32)
+    s.insert("a", a)
+    v0 = s.commit("init")
+    v1 = s.commit_later({"a": a + 1}, lambda: None, "later")
+    pid = os.fork()
+    if pid == 0:  # the child: its next call on the store raises, it does not hang
+        try:
+            s.head()
+        except th.InvalidArgument:
+            os._exit(0)
+        except BaseException:  # noqa: BLE001 - any other outcome fails the test
+            os._exit(2)
+        os._exit(1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert s.head() == v1 and s.parent(v1) == v0
+    assert same(s.get("a"), np.ones(1 << 20, np.float32))
