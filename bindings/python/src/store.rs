@@ -91,8 +91,8 @@ struct Pending {
     /// Copies the arrays into the working state (holding the store's lock meanwhile);
     /// returns what that replaced, to put back if the commit is given up.
     copy: std::thread::JoinHandle<Result<Undo, Error>>,
-    /// Called (no arguments) once the copy ended: returns normally to commit, raises to
-    /// give the commit up.
+    /// Called once the copy ended, with whether it succeeded: returns normally to commit
+    /// (after a failed copy: to raise the copy's error), raises to give the commit up.
     check: Py<PyAny>,
     message: String,
     meta: Meta,
@@ -202,15 +202,9 @@ impl PyStore {
             })
         });
         drop(p._arrays);
-        let checked = match &copied {
-            Ok(_) => {
-                IN_CHECK.with(|c| c.set(true));
-                let r = p.check.call0(py).map(|_| ());
-                IN_CHECK.with(|c| c.set(false));
-                r
-            }
-            Err(_) => Ok(()),
-        };
+        IN_CHECK.with(|c| c.set(true));
+        let checked = p.check.call1(py, (copied.is_ok(),)).map(|_| ());
+        IN_CHECK.with(|c| c.set(false));
         let (message, meta, id) = (p.message, p.meta, p.id);
         let ok = checked.is_ok();
         let outcome = py.detach(move || -> Result<Result<(), Error>, ()> {
@@ -228,7 +222,8 @@ impl PyStore {
                     undo_sync(store, undo);
                     Err(())
                 }
-                (Err(e), _) => Ok(Err(e)),
+                (Err(e), true) => Ok(Err(e)),
+                (Err(_), false) => Err(()),
             }
         });
         drop(slot);
@@ -641,9 +636,11 @@ impl PyStore {
     /// arguments as metadata, as `sync(arrays)` then `commit(...)` would, but copy them
     /// on another thread: returns at once the `Version` the commit will get. The next
     /// call on this store (any method, or `settle()`) waits for the copy, then calls
-    /// `check()`: if it returns, the commit is made; if it raises, the variables the copy
-    /// wrote are put back as they were, no version is made, and that call raises the
-    /// check's exception. A failed copy raises the same way.
+    /// `check(copied)` (`copied`: whether the copy succeeded): if it returns, the commit
+    /// is made; if it raises, the variables the copy wrote are put back as they were, no
+    /// version is made, and that call raises the check's exception. A failed copy
+    /// (a shape that does not fit a variable, ...) changes nothing, and that call raises
+    /// its error after the check returns. `check` must not call this store.
     ///
     /// The arrays are read while the caller goes on: nothing may write them, resize
     /// them or free their memory until the store is settled (`check` is where a caller
@@ -661,9 +658,15 @@ impl PyStore {
     ) -> PyResult<PyVersion> {
         let meta = meta_from_py(metadata)?;
         meta.validate().or_py()?;
-        self.settle_pending(py)?;
         let (raws, keep) = raw_mapping(arrays)?;
-        let mut slot = self.pending_slot(py)?;
+        // A commit another thread left pending is made first.
+        let mut slot = loop {
+            self.settle_pending(py)?;
+            let slot = self.pending_slot(py)?;
+            if slot.is_none() {
+                break slot;
+            }
+        };
         let inner = Arc::clone(&self.inner);
         let (id_tx, id_rx) = std::sync::mpsc::channel::<Option<VersionId>>();
         let copy = std::thread::Builder::new()

@@ -488,7 +488,7 @@ def test_commit_later_copies_on_another_thread_and_commits_at_the_next_call():
     a += 1
     b = np.ones((3, 5), np.int64)
     checked = []
-    v1 = s.commit_later({"a": a, "b": b}, lambda: checked.append(True), "later", step=1)
+    v1 = s.commit_later({"a": a, "b": b}, checked.append, "later", step=1)
     assert v1 != v0
     assert s.commit_pending()
     assert s.head() == v1  # settled: the copy ended, the check ran, the commit made
@@ -507,7 +507,8 @@ def test_a_check_that_raises_gives_the_commit_up_and_puts_the_variables_back():
     v0 = s.commit("init")
     s.write("mine", np.full(4, 8.0))  # an uncommitted change the failed commit keeps
 
-    def check():
+    def check(copied):
+        assert copied
         raise ValueError("written while copied")
 
     s.commit_later({"a": np.ones(100, np.float32), "new": np.ones(3)}, check, "lost")
@@ -525,13 +526,13 @@ def test_commit_later_refuses_what_it_cannot_read_later_and_its_check_cannot_cal
     s.insert("a", np.zeros((4, 4), np.float32))
     v0 = s.commit("init")
     with pytest.raises(th.InvalidArgument):
-        s.commit_later({"a": np.ones((4, 4), np.float32).T[::2]}, lambda: None)
+        s.commit_later({"a": np.ones((4, 4), np.float32).T[::2]}, lambda ok: None)
     assert not s.commit_pending()
-    s.commit_later({"a": np.ones((4, 4), np.float32)}, lambda: s.head())
+    s.commit_later({"a": np.ones((4, 4), np.float32)}, lambda ok: s.head())
     with pytest.raises(th.InvalidArgument, match="must not"):
         s.settle()
     assert s.head() == v0
-    s.commit_later({"a": np.ones((4, 4), np.float32)}, lambda: None)
+    s.commit_later({"a": np.ones((4, 4), np.float32)}, lambda ok: None)
     s.close()  # settles first: the version is made, then the store closes
     with pytest.raises(th.StoreClosed):
         s.head()
@@ -543,7 +544,7 @@ def test_a_child_forked_with_a_commit_later_in_flight_is_told_and_the_parent_com
     a = np.zeros(1 << 20, np.float32)
     s.insert("a", a)
     v0 = s.commit("init")
-    v1 = s.commit_later({"a": a + 1}, lambda: None, "later")
+    v1 = s.commit_later({"a": a + 1}, lambda ok: None, "later")
     pid = os.fork()
     if pid == 0:  # the child: its next call on the store raises, it does not hang
         try:
@@ -557,3 +558,17 @@ def test_a_child_forked_with_a_commit_later_in_flight_is_told_and_the_parent_com
     assert os.waitstatus_to_exitcode(status) == 0
     assert s.head() == v1 and s.parent(v1) == v0
     assert same(s.get("a"), np.ones(1 << 20, np.float32))
+
+
+def test_a_copy_that_fails_changes_nothing_and_raises_after_telling_the_check():
+    s = th.Store()
+    s.insert("a", np.zeros(8, np.float32))
+    v0 = s.commit("init")
+    told = []
+    # "a" is held with 8 elements: the copy of 9 fails on the other thread
+    s.commit_later({"b": np.ones(3), "a": np.ones(9, np.float32)}, told.append, "bad")
+    with pytest.raises(th.ShapeMismatch):
+        s.settle()
+    assert told == [False]
+    assert s.head() == v0 and s.names() == ["a"]
+    assert same(s.get("a"), np.zeros(8, np.float32))

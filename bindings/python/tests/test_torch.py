@@ -533,3 +533,21 @@ def test_copy_in_background_needs_an_optimizer():
     m, _ = _mlp_and_adam()
     with pytest.raises(TypeError):
         th.torch.track(m, None, copy_in_background=True)
+
+
+def test_a_tensor_pointed_elsewhere_while_copied_keeps_the_version_it_was_copied_for():
+    m, opt = _mlp_and_adam()
+    tr = th.torch.track(m, opt, copy_in_background=True)
+    with tr.trial() as t:
+        _step(m, opt, 0)
+        v = t.keep()
+        want = snapshot(m, opt)
+        # new memory for a weight: the memory being copied is kept alive, not written
+        m[0].weight.data = torch.zeros_like(m[0].weight)
+        import gc
+        gc.collect()
+        _step(m, opt, 1)  # waits for the copy: no error
+        t.keep()
+    tr.restore(v)
+    assert_bitwise(snapshot(m, opt), want)
+    tr.store.verify()

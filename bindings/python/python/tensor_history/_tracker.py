@@ -155,6 +155,7 @@ class Tracker:
         self.copy_in_background = bool(copy_in_background)
         self._pending: Optional[Dict[str, Any]] = None
         self._pending_entries: Dict[str, Any] = {}
+        self._pending_memory: List[Any] = []
         self._pending_trial: Optional[Tuple[Trial, Optional[Version]]] = None
         self._trial: Optional[Trial] = None
         # name -> identity token at the last sync; the tensors are held so that their
@@ -217,6 +218,15 @@ class Tracker:
     def _drop_state(self, name: str) -> None:
         """Remove the optimizer state entry `name`."""
         raise NotImplementedError
+
+    def _memory_of(self, t: Any) -> Any:
+        """An object that keeps the memory of tensor `t` alive (copy_in_background)."""
+        return t
+
+    def _written_over(self, old: Any, new: Any) -> bool:
+        """Whether a tensor whose token was `old` when its copy started and is `new` now
+        may have been written in the memory being copied."""
+        return old != new
 
     def _written(self, tensors: list) -> None:
         """Called with the tensors a restore wrote into (advance their version counters)."""
@@ -364,6 +374,8 @@ class Tracker:
             v = self.store.commit_later(later, self._check_pending, message, **meta)
             self._pending = {n: tokens[n] for n in later}
             self._pending_entries = {n: entries[n] for n in later}
+            # The memory being copied stays alive even if a tensor is pointed elsewhere.
+            self._pending_memory = [self._memory_of(entries[n]) for n in later]
         else:
             v = self.store.commit(message, **meta)
         self._extras[v] = scalars
@@ -393,17 +405,19 @@ class Tracker:
         if self._pending is not None:
             self.store.settle()
 
-    def _check_pending(self) -> None:
-        """Called by the store when the copy of a pending commit ended: ``TrialError`` if
-        a tensor it copied was written meanwhile (the store then gives the commit up).
-        Must not call the store."""
+    def _check_pending(self, copied: bool) -> None:
+        """Called by the store when the copy of a pending commit ended (`copied`: without
+        an error): ``TrialError`` if a tensor it copied was written meanwhile (the store
+        then gives the commit up). After a failed copy the commit is not made either (the
+        store raises the copy's error). Must not call the store."""
         pending, entries = self._pending, self._pending_entries
-        self._pending, self._pending_entries = None, {}
+        self._pending, self._pending_entries, self._pending_memory = None, {}, []
         trial, self._pending_trial = self._pending_trial, None
         if pending is None:
             return
-        changed = [n for n, tok in pending.items() if self._token(entries[n]) != tok]
-        if not changed:
+        changed = [n for n, tok in pending.items()
+                   if self._written_over(tok, self._token(entries[n]))]
+        if copied and not changed:
             return
         lost = self._synced_head
         self._extras.pop(lost, None)
@@ -412,6 +426,8 @@ class Tracker:
         self._synced_head = None
         if trial is not None:
             trial[0].kept = trial[1]
+        if not copied:
+            return
         raise TrialError(
             f"{changed[:5]} changed in place while the tracker copied them for version "
             f"{lost} (copy_in_background): that version was not made. Let only the "

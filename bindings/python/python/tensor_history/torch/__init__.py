@@ -45,8 +45,10 @@ to know:
   the tracked tensors until its next step: a tensor written in place meanwhile (seen by
   its version counter when the copy is checked) makes that step, or the next tracker
   call, raise ``TrialError(reason="changed while copied")``; that version is then not
-  made and the trial goes back to what it kept before. Resizing a tracked tensor or
-  writing it through a ``.numpy()`` view in that window is not detected: don't. (A
+  made and the trial goes back to what it kept before. Pointing a tensor at other
+  memory (``p.data = x``) is fine: the memory being copied is kept alive. Resizing a
+  tracked tensor or writing it through a ``.numpy()`` view in that window is not
+  detected: don't. (A
   trial's base commit, and every commit with ``trust_versions=False``, copy at once.)
 - Tied weights (several state_dict names over the same storage) are stored once.
 - CPU, dense (strided) tensors only: others raise ``TrialError`` (``reason="device"``,
@@ -280,6 +282,15 @@ class Tracker(_Tracker):
 
     def _token(self, t: Any) -> Any:
         return (t._version, t.data_ptr(), t.shape, t.stride(), t.dtype)
+
+    def _memory_of(self, t: Any) -> Any:
+        return t.untyped_storage()
+
+    def _written_over(self, old: Any, new: Any) -> bool:
+        # A tensor pointed at other memory (`p.data = x`, `set_`) left the memory being
+        # copied alone (it is kept alive); the same memory with another version counter,
+        # shape or strides may have been written.
+        return new[1] == old[1] and new != old
 
     def _check(self, name: str, t: Any) -> None:
         if t.device.type != "cpu":
