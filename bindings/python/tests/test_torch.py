@@ -551,3 +551,18 @@ def test_a_tensor_pointed_elsewhere_while_copied_keeps_the_version_it_was_copied
     tr.restore(v)
     assert_bitwise(snapshot(m, opt), want)
     tr.store.verify()
+
+
+def test_weights_loaded_in_place_right_after_track_are_no_error():
+    m, opt = _mlp_and_adam()
+    tr = th.torch.track(m, opt, copy_in_background=True)
+    v0 = tr.store.head()
+    with torch.no_grad():
+        for p in m.parameters():
+            p.mul_(0.5)  # e.g. load_state_dict: copy_ in place
+    with tr.trial() as t:
+        _step(m, opt, 0)
+        t.keep()
+    # the loaded weights were committed as the trial's base, then the kept step
+    base = tr.store.parent(tr.store.head())
+    assert tr.store.parent(base) == v0

@@ -183,7 +183,8 @@ class Tracker:
                                  reason="nothing to resume")
             self._apply(head, lambda: self.store.restore(head))
         else:
-            self._commit(message, {})
+            # At once: the caller may load weights in place before the first step.
+            self._commit(message, {}, defer=False)
 
     # ---- what a framework module supplies -------------------------------------------
 

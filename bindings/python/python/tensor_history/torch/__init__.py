@@ -48,8 +48,9 @@ to know:
   made and the trial goes back to what it kept before. Pointing a tensor at other
   memory (``p.data = x``) is fine: the memory being copied is kept alive. Resizing a
   tracked tensor or writing it through a ``.numpy()`` view in that window is not
-  detected: don't. (A
-  trial's base commit, and every commit with ``trust_versions=False``, copy at once.)
+  detected: don't. (The
+  commit ``track()`` makes, a trial's base commit, and every commit with
+  ``trust_versions=False`` copy at once.)
 - Tied weights (several state_dict names over the same storage) are stored once.
 - CPU, dense (strided) tensors only: others raise ``TrialError`` (``reason="device"``,
   ``"layout"``). Optimizer state that appears (first ``step()``) or disappears between
