@@ -89,8 +89,8 @@ class Trial:
         tr._checkpoint_outcome()
         before = self.kept
         v = tr._commit(message if message is not None else self.message, metadata)
-        if tr._pending is not None:
-            tr._pending_trial = (self, before)
+        if tr._bg_pending is not None:
+            tr._bg_trial = (self, before)
         self.kept = v
         tr._checkpoint_after_commit()
         return v
@@ -116,7 +116,7 @@ class Trial:
         self._ended = True
         target = self.kept if self.kept is not None else self.base
         assert target is not None
-        if tr._pending is not None and target == tr._head() and not tr._moved_since_sync():
+        if tr._bg_pending is not None and target == tr._head() and not tr._moved_since_sync():
             # Left right after keep(), nothing changed since: nothing to put back (and
             # the copy keep() started goes on).
             return False
@@ -153,10 +153,10 @@ class Tracker:
         # (see Store.commit_later), until the store settles it; the tensors; and the trial
         # that kept it, with what that trial had kept before.
         self.copy_in_background = bool(copy_in_background)
-        self._pending: Optional[Dict[str, Any]] = None
-        self._pending_entries: Dict[str, Any] = {}
-        self._pending_memory: List[Any] = []
-        self._pending_trial: Optional[Tuple[Trial, Optional[Version]]] = None
+        self._bg_pending: Optional[Dict[str, Any]] = None
+        self._bg_entries: Dict[str, Any] = {}
+        self._bg_memory: List[Any] = []
+        self._bg_trial: Optional[Tuple[Trial, Optional[Version]]] = None
         self._trial: Optional[Trial] = None
         # name -> identity token at the last sync; the tensors are held so that their
         # storage cannot be freed and reused by a new tensor at the same address.
@@ -373,10 +373,10 @@ class Tracker:
             self.store.remove(n)
         if later:
             v = self.store.commit_later(later, self._check_pending, message, **meta)
-            self._pending = {n: tokens[n] for n in later}
-            self._pending_entries = {n: entries[n] for n in later}
+            self._bg_pending = {n: tokens[n] for n in later}
+            self._bg_entries = {n: entries[n] for n in later}
             # The memory being copied stays alive even if a tensor is pointed elsewhere.
-            self._pending_memory = [self._memory_of(entries[n]) for n in later]
+            self._bg_memory = [self._memory_of(entries[n]) for n in later]
         else:
             v = self.store.commit(message, **meta)
         self._extras[v] = scalars
@@ -387,7 +387,7 @@ class Tracker:
 
     def _head(self) -> Optional[Version]:
         """HEAD, without waiting for a commit whose copy is in flight (its version)."""
-        if self._pending is not None:
+        if self._bg_pending is not None:
             return self._synced_head
         return self.store.head()
 
@@ -403,7 +403,7 @@ class Tracker:
     def _settle(self) -> None:
         """Wait for a commit whose copy is in flight and make it (raises ``TrialError``
         if a tensor changed while it was copied; that commit is then given up)."""
-        if self._pending is not None:
+        if self._bg_pending is not None:
             self.store.settle()
 
     def _check_pending(self, copied: bool) -> None:
@@ -411,9 +411,9 @@ class Tracker:
         an error): ``TrialError`` if a tensor it copied was written meanwhile (the store
         then gives the commit up). After a failed copy the commit is not made either (the
         store raises the copy's error). Must not call the store."""
-        pending, entries = self._pending, self._pending_entries
-        self._pending, self._pending_entries, self._pending_memory = None, {}, []
-        trial, self._pending_trial = self._pending_trial, None
+        pending, entries = self._bg_pending, self._bg_entries
+        self._bg_pending, self._bg_entries, self._bg_memory = None, {}, []
+        trial, self._bg_trial = self._bg_trial, None
         if pending is None:
             return
         changed = [n for n, tok in pending.items()
