@@ -10,7 +10,10 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use crate::chunk::Chunk;
-use crate::encoded::{encoded_of, memory_of, run, BaseRef, Done, Item, Memory, Plan};
+use crate::encoded::{
+    encoded_of, memory_of, run, BaseRef, Done, EncodedChunk, Item, Memory, Plan,
+    DELTA_ANCHOR_EVERY, DELTA_SPAN,
+};
 use crate::history::Vars;
 use crate::store::Store;
 use crate::version::VersionId;
@@ -57,7 +60,9 @@ impl Store {
             .filter(|id| !saved.is_some_and(|s| s.contains_key(id)))
             .filter(|id| !captured.is_some_and(|c| c.contains(id)))
             .collect();
-        let mut planned: HashSet<usize> = HashSet::new();
+        // The chunks this pass plans, by address: their position in their group and
+        // where their group's key is.
+        let mut planned: HashMap<usize, (usize, BaseRef)> = HashMap::new();
         let mut versions = Vec::new();
         let mut bytes = 0usize;
         for id in ids {
@@ -84,27 +89,52 @@ impl Store {
                         || c.is_encoded()
                         || c.len_bytes() == 0
                         || hot.contains(&c.addr())
+                        || planned.contains_key(&c.addr())
                     {
                         continue;
                     }
-                    if !planned.insert(c.addr()) {
-                        continue;
-                    }
-                    let base = match pt.and_then(|pt| pt.chunks().nth(i)) {
-                        Some(b) if planned.contains(&b.addr()) && !b.ptr_eq(c) => {
-                            BaseRef::InPass(b.addr())
+                    // The parent's chunk: its position and its group's key, and how to
+                    // reach it as a base.
+                    let prev = pt.and_then(|pt| pt.chunks().nth(i)).and_then(|b| {
+                        if b.ptr_eq(c) {
+                            return None;
                         }
-                        Some(b) => match encoded_of(b) {
-                            Some(src) => BaseRef::Encoded(b.clone(), src),
-                            None => BaseRef::None,
-                        },
-                        None => BaseRef::None,
+                        if let Some((pos, key)) = planned.get(&b.addr()) {
+                            return Some((*pos, key.clone(), BaseRef::InPass(b.addr())));
+                        }
+                        let src = encoded_of(b)?;
+                        let (kid, k) = EncodedChunk::key(b.hash(), &src);
+                        let key = BaseRef::Encoded {
+                            id: kid,
+                            src: k,
+                            _holds: None,
+                        };
+                        let parent = BaseRef::Encoded {
+                            id: b.hash(),
+                            src: Arc::clone(&src),
+                            _holds: Some(b.clone()),
+                        };
+                        Some((src.pos, key, parent))
+                    });
+                    let (pos, base, key) = match prev {
+                        Some((p, key, parent)) if p < DELTA_SPAN => {
+                            let pos = p + 1;
+                            let base = if pos.is_multiple_of(DELTA_ANCHOR_EVERY) {
+                                key.clone()
+                            } else {
+                                parent
+                            };
+                            (pos, base, key)
+                        }
+                        _ => (0, BaseRef::None, BaseRef::InPass(c.addr())),
                     };
+                    planned.insert(c.addr(), (pos, key));
                     bytes += c.len_bytes();
                     items.push(Item {
                         raw: c.clone(),
                         width: t.dtype().size(),
                         base,
+                        pos,
                     });
                 }
             }
@@ -315,23 +345,8 @@ mod tests {
     use crate::config::Config;
     use crate::encoded::MAX_DELTA_CHAIN;
 
-    /// The depth of every encoded chunk of `w`, oldest version first.
-    fn depths(s: &Store) -> Vec<Option<usize>> {
-        s.hist
-            .live()
-            .map(|(_, n)| {
-                let c = n.vars.loaded().unwrap()["w"]
-                    .chunks()
-                    .next()
-                    .unwrap()
-                    .clone();
-                encoded_of(&c).map(|e| e.depth)
-            })
-            .collect()
-    }
-
     #[test]
-    fn a_chain_at_its_bound_starts_again_with_a_full_chunk() {
+    fn groups_are_a_raw_key_then_deltas_with_anchors_on_the_key() {
         let mut s = Store::with_config(Config {
             memory_budget: Some(0),
             ..Config::default()
@@ -343,19 +358,53 @@ mod tests {
         )
         .unwrap();
         s.commit("0").unwrap();
-        for step in 1..2 * MAX_DELTA_CHAIN + 4 {
+        let mut copies = vec![s.get::<f32>("w").unwrap()];
+        let versions = 2 * (DELTA_SPAN + 1) + 4;
+        for step in 1..versions {
             s.update_map::<f32>("w", |x| x * (1.0 + 1e-6)).unwrap();
             s.commit(&step.to_string()).unwrap();
+            copies.push(s.get::<f32>("w").unwrap());
         }
         s.enforce_memory_budget();
-        let d = depths(&s);
-        // HEAD stays raw; before it, chains of full + MAX_DELTA_CHAIN deltas.
-        assert_eq!(d.last(), Some(&None));
-        let want: Vec<Option<usize>> = (0..d.len() - 1)
-            .map(|i| Some(i % (MAX_DELTA_CHAIN + 1)))
-            .chain([None])
+        let chunks = first_chunks(&s);
+        // HEAD stays raw.
+        assert!(encoded_of(chunks.last().unwrap()).is_none());
+        let forms: Vec<Arc<EncodedChunk>> = chunks[..versions - 1]
+            .iter()
+            .map(|c| encoded_of(c).expect("every version but HEAD encoded"))
             .collect();
-        assert_eq!(d, want);
+        for (v, e) in forms.iter().enumerate() {
+            // Version v is at position v mod (span + 1) of its group; its key is the
+            // version at position 0.
+            let pos = v % (DELTA_SPAN + 1);
+            let key = v - pos;
+            assert_eq!(e.pos, pos, "version {v}");
+            let base = e.base_id();
+            if pos == 0 {
+                assert_eq!(base, None, "version {v} is a key");
+                assert!(e.is_raw(), "a key is held raw");
+                assert_eq!(e.depth, 0);
+                continue;
+            }
+            // An anchor (a position that is a multiple of DELTA_ANCHOR_EVERY) is a delta
+            // on the key, any other position a delta on the version before.
+            let want = if pos.is_multiple_of(DELTA_ANCHOR_EVERY) {
+                key
+            } else {
+                v - 1
+            };
+            assert_eq!(base, Some(chunks[want].hash()), "version {v}'s base");
+            let deltas = pos % DELTA_ANCHOR_EVERY + usize::from(pos >= DELTA_ANCHOR_EVERY);
+            assert_eq!(e.depth, deltas, "version {v}");
+            assert!(e.depth <= MAX_DELTA_CHAIN);
+        }
+        drop((chunks, forms));
+        // Every version reads back bit for bit, with nothing kept decoded.
+        s.drop_decoded(&HashSet::new());
+        for (k, copy) in copies.iter().enumerate() {
+            let id = s.hist.live().nth(k).unwrap().0;
+            assert_eq!(&s.snapshot(id).unwrap().get::<f32>("w").unwrap(), copy);
+        }
     }
 
     /// The first chunk of `w` in every live version, oldest first.

@@ -67,9 +67,11 @@ pub struct Config {
     /// compressed (default `None`: no budget). When a commit finds the held bytes (see
     /// [`Stats::held_bytes`](crate::Stats::held_bytes)) above the budget, a background
     /// thread encodes the chunks of the oldest versions that neither HEAD nor the
-    /// working state holds: losslessly, as XOR deltas against the same chunk of the
-    /// parent version where that saves most (dense training steps), else byte planes,
-    /// with chains of at most [`MAX_DELTA_CHAIN`](crate::MAX_DELTA_CHAIN) deltas (see
+    /// working state holds: losslessly, in groups of a raw key chunk and up to
+    /// [`DELTA_SPAN`](crate::DELTA_SPAN) XOR deltas (against the same chunk of the
+    /// parent version, or of the key every
+    /// [`DELTA_ANCHOR_EVERY`](crate::DELTA_ANCHOR_EVERY) versions), so that reading a
+    /// chunk decodes at most [`MAX_DELTA_CHAIN`](crate::MAX_DELTA_CHAIN) deltas (see
     /// [`codec`](crate::codec)). The encoded chunks replace the raw ones at the next
     /// commit after the thread is done; reading such a version (restore, get, diff,
     /// export, save) decodes what it reads. A revert to HEAD never waits for encoding,

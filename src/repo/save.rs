@@ -667,7 +667,7 @@ fn write_objects(
             // A chunk the memory budget holds coded is written in that form when its
             // base (for a delta) is in the repository or new in this save, within the
             // chain bound: no decoding and coding again.
-            let coded = encoded_ref(c).and_then(|e| match e.form() {
+            let coded = encoded_ref(c).and_then(|e| match e.form()? {
                 (bytes, None) => Some((bytes, Form::Planes, 1)),
                 (bytes, Some(bh)) => Some((bytes, Form::Delta(bh.0), chain(&bh)? + 1)),
             });
