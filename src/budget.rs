@@ -143,7 +143,10 @@ impl Store {
             }
         }
         self.drop_decoded(&hot);
-        Plan { versions }
+        Plan {
+            versions,
+            alloc: self.alloc.clone(),
+        }
     }
 
     /// Replace encoded chunks that keep decoded bytes (and are not `hot`) by handles
@@ -405,6 +408,49 @@ mod tests {
             let id = s.hist.live().nth(k).unwrap().0;
             assert_eq!(&s.snapshot(id).unwrap().get::<f32>("w").unwrap(), copy);
         }
+    }
+
+    #[test]
+    fn decoded_chunks_are_written_into_pooled_buffers_and_given_back() {
+        let mut s = Store::with_config(Config {
+            memory_budget: Some(0),
+            chunk_bytes: 16 << 10,
+            ..Config::default()
+        })
+        .unwrap();
+        // 8 chunks of a full 16 KiB.
+        s.insert(
+            "w",
+            &Array1::from_shape_fn(8 * 4096, |i| (i as f32 * 0.1).cos()),
+        )
+        .unwrap();
+        let v0 = s.commit("0").unwrap();
+        let want = s.get::<f32>("w").unwrap();
+        for step in 1..6 {
+            s.update_map::<f32>("w", |x| x * (1.0 + 1e-6)).unwrap();
+            s.commit(&step.to_string()).unwrap();
+        }
+        s.enforce_memory_budget();
+        let v2 = s.hist.live().nth(2).unwrap().0;
+        s.release_pooled();
+        assert_eq!(s.pooled_bytes(), 0);
+        // Version 2 (deltas) decoded, then dropped: its 8 buffers go back to the pool.
+        let snap = s.snapshot(v2).unwrap();
+        let got = snap.get::<f32>("w").unwrap();
+        drop(snap);
+        s.enforce_memory_budget();
+        let pooled = s.pooled_bytes();
+        assert_eq!(
+            pooled,
+            8 * (16 << 10),
+            "every decoded buffer back in the pool"
+        );
+        // The next decode takes them (and reads the right bytes from reused memory).
+        let snap = s.snapshot(v2).unwrap();
+        assert_eq!(snap.get::<f32>("w").unwrap(), got);
+        assert_eq!(s.pooled_bytes(), 0, "the decode took the pooled buffers");
+        drop(snap);
+        assert_eq!(s.snapshot(v0).unwrap().get::<f32>("w").unwrap(), want);
     }
 
     /// The first chunk of `w` in every live version, oldest first.

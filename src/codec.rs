@@ -866,8 +866,34 @@ pub fn decode_chain(
     id: &ContentHash,
     max_raw: usize,
 ) -> Result<Bytes, CodecError> {
+    decode_chain_in(links, base, id, max_raw, &Heap)
+}
+
+/// Where decoded bytes are written: `filled(len, fill)` gives `len` bytes written by
+/// `fill` (which writes every byte) as [`Bytes`].
+pub(crate) trait Out {
+    fn filled(&self, len: usize, fill: &mut dyn FnMut(&mut [u8])) -> Bytes;
+}
+
+/// Decoded bytes in new word-aligned heap buffers.
+pub(crate) struct Heap;
+
+impl Out for Heap {
+    fn filled(&self, len: usize, fill: &mut dyn FnMut(&mut [u8])) -> Bytes {
+        AlignedBuf::filled(len, fill)
+    }
+}
+
+/// [`decode_chain`], writing the decoded bytes where `out` gives them.
+pub(crate) fn decode_chain_in(
+    links: &[&[u8]],
+    base: Option<&[u8]>,
+    id: &ContentHash,
+    max_raw: usize,
+    out: &dyn Out,
+) -> Result<Bytes, CodecError> {
     assert!(!links.is_empty(), "a chain has at least one link");
-    let bytes = decode_links(links, base, max_raw)?;
+    let bytes = decode_links(links, base, max_raw, out)?;
     let found = ContentHash::of_bytes(&bytes);
     if found != *id {
         return Err(CodecError::HashMismatch {
@@ -974,7 +1000,12 @@ fn apply_link(
 
 /// The raw bytes of the chain `links` (see [`decode_chain`]), not checked against any
 /// id.
-fn decode_links(links: &[&[u8]], base: Option<&[u8]>, max_raw: usize) -> Result<Bytes, CodecError> {
+fn decode_links(
+    links: &[&[u8]],
+    base: Option<&[u8]>,
+    max_raw: usize,
+    out: &dyn Out,
+) -> Result<Bytes, CodecError> {
     let encoded = links[0];
     let header = Header::parse(encoded, max_raw)?;
     let payload = &encoded[header.len()..];
@@ -987,7 +1018,7 @@ fn decode_links(links: &[&[u8]], base: Option<&[u8]>, max_raw: usize) -> Result<
                     found: encoded.len(),
                 });
             }
-            Ok(AlignedBuf::bytes_of(payload))
+            Ok(out.filled(raw_len, &mut |dst| dst.copy_from_slice(payload)))
         }
         Method::Planes => with_chain_bufs(|acc, scratch| {
             // Bounded by the stated raw length (at most `max_raw`), which the payload
@@ -995,7 +1026,7 @@ fn decode_links(links: &[&[u8]], base: Option<&[u8]>, max_raw: usize) -> Result<
             check_link(&header, payload)?;
             acc.resize(raw_len, 0);
             apply_link(&header, payload, acc, scratch, true)?;
-            Ok(join_with(acc, None, header.width))
+            Ok(join_with(acc, None, header.width, out))
         }),
         Method::XorPlanes => {
             let Some(mut named) = header.base else {
@@ -1035,28 +1066,30 @@ fn decode_links(links: &[&[u8]], base: Option<&[u8]>, max_raw: usize) -> Result<
                     }
                     if h.width != header.width || h.method == Method::Raw {
                         // Planes of another grouping (or none): decode the rest apart.
-                        let b = decode_links(&links[i..], base, max_raw)?;
-                        return Ok(join_with(acc, Some(&b), header.width));
+                        let b = decode_links(&links[i..], base, max_raw, out)?;
+                        return Ok(join_with(acc, Some(&b), header.width, out));
                     }
                     check_link(&h, &link[h.len()..])?;
                     apply_link(&h, &link[h.len()..], acc, scratch, false)?;
                     if h.method == Method::Planes {
-                        return Ok(join_with(acc, None, header.width));
+                        return Ok(join_with(acc, None, header.width, out));
                     }
                     if let Some(n) = h.base {
                         named = n;
                     }
                 }
                 let b = checked_base(base, named, raw_len)?;
-                Ok(join_with(acc, Some(b), header.width))
+                Ok(join_with(acc, Some(b), header.width, out))
             })
         }
     }
 }
 
 /// The bytes whose planes (XOR-ed with `base`'s bytes, if given) are `planes`, aligned.
-fn join_with(planes: &[u8], base: Option<&[u8]>, width: usize) -> Bytes {
-    AlignedBuf::filled(planes.len(), |dst| join_planes(planes, base, width, dst))
+fn join_with(planes: &[u8], base: Option<&[u8]>, width: usize, out: &dyn Out) -> Bytes {
+    out.filled(planes.len(), &mut |dst| {
+        join_planes(planes, base, width, dst)
+    })
 }
 
 /// One chunk to decode with [`decode_all`]: its encoded form, its id, and its base's raw

@@ -32,7 +32,7 @@ use std::sync::{Arc, Mutex};
 use rayon::prelude::*;
 
 use crate::buffer::{Bytes, WeakBytes};
-use crate::chunk::{Chunk, ChunkSource};
+use crate::chunk::{Alloc, Chunk, ChunkSource};
 use crate::codec::{self, Method};
 use crate::error::{Error, Result};
 use crate::hash::ContentHash;
@@ -63,6 +63,8 @@ pub(crate) struct EncodedChunk {
     /// Position in its group: 0 for a key (a full chunk), else the versions since it.
     pub(crate) pos: usize,
     raw: bool,
+    /// Where decoded bytes are written (the store's buffer pool).
+    alloc: Alloc,
     /// The decoded bytes, while a chunk handle keeps them (checked against the id when
     /// decoded): deltas on this chunk start from them.
     decoded: Mutex<Option<WeakBytes>>,
@@ -76,7 +78,13 @@ struct Base {
 }
 
 impl EncodedChunk {
-    fn new(bytes: Box<[u8]>, base: Option<Base>, pos: usize, raw: bool) -> EncodedChunk {
+    fn new(
+        bytes: Box<[u8]>,
+        base: Option<Base>,
+        pos: usize,
+        raw: bool,
+        alloc: Alloc,
+    ) -> EncodedChunk {
         let depth = base.as_ref().map_or(0, |b| b.src.depth + 1);
         let pos = if base.is_some() { pos } else { 0 };
         EncodedChunk {
@@ -85,6 +93,7 @@ impl EncodedChunk {
             depth,
             pos,
             raw,
+            alloc,
             decoded: Mutex::new(None),
         }
     }
@@ -160,8 +169,10 @@ impl EncodedChunk {
             at = b.src.base.as_ref();
         }
         let bytes =
-            codec::decode_chain(&links, kept.as_deref(), id, len).map_err(|e| Error::Corrupt {
-                reason: format!("encoded chunk {id} in memory: {e}"),
+            codec::decode_chain_in(&links, kept.as_deref(), id, len, &self.alloc).map_err(|e| {
+                Error::Corrupt {
+                    reason: format!("encoded chunk {id} in memory: {e}"),
+                }
             })?;
         if let Ok(mut g) = self.decoded.lock() {
             *g = Some(bytes.downgrade());
@@ -259,6 +270,8 @@ pub(crate) struct Item {
 /// The chunks one pass encodes: per version, oldest first.
 pub(crate) struct Plan {
     pub(crate) versions: Vec<Vec<Item>>,
+    /// Where the encoded chunks write their decoded bytes (the store's).
+    pub(crate) alloc: Alloc,
 }
 
 /// What a finished pass gives back: raw chunk address -> (the raw chunk, its encoded
@@ -396,6 +409,7 @@ fn encode_item(
     it: &Item,
     done: &HashMap<usize, (Chunk, Chunk)>,
     keep: bool,
+    alloc: &Alloc,
 ) -> Option<(usize, Chunk, Chunk)> {
     let raw = it.raw.data();
     let base: Option<(ContentHash, Bytes, Arc<EncodedChunk>)> = match &it.base {
@@ -428,6 +442,7 @@ fn encode_item(
         base,
         it.pos,
         method == Method::Raw,
+        alloc.clone(),
     ));
     let chunk = if keep {
         let decoded = Bytes::new(Arc::new(RawBytes(it.raw.clone())));
@@ -454,7 +469,7 @@ pub(crate) fn run(plan: Plan) -> Done {
             items
                 .par_iter()
                 .with_min_len(1)
-                .filter_map(|it| encode_item(it, &done, keep))
+                .filter_map(|it| encode_item(it, &done, keep, &plan.alloc))
                 .collect()
         });
         for (a, raw, enc) in out {
