@@ -453,6 +453,38 @@ mod tests {
         assert_eq!(s.snapshot(v0).unwrap().get::<f32>("w").unwrap(), want);
     }
 
+    #[test]
+    fn a_snapshot_outliving_its_store_decodes_without_keeping_the_pool() {
+        let mut s = Store::with_config(Config {
+            memory_budget: Some(0),
+            chunk_bytes: 16 << 10,
+            ..Config::default()
+        })
+        .unwrap();
+        s.insert(
+            "w",
+            &Array1::from_shape_fn(8 * 4096, |i| (i as f32 * 0.1).sin()),
+        )
+        .unwrap();
+        s.commit("0").unwrap();
+        s.update_map::<f32>("w", |x| x * (1.0 + 1e-6)).unwrap();
+        s.commit("1").unwrap();
+        let want = s.get::<f32>("w").unwrap();
+        s.update_map::<f32>("w", |x| x * (1.0 + 1e-6)).unwrap();
+        s.commit("2").unwrap();
+        s.enforce_memory_budget();
+        let v1 = s.hist.live().nth(1).unwrap().0;
+        let snap = s.snapshot(v1).unwrap();
+        let pool = s.alloc.pool_weak();
+        assert!(pool.upgrade().is_some());
+        drop(s);
+        assert!(
+            pool.upgrade().is_none(),
+            "the encoded chunks do not keep the pool"
+        );
+        assert_eq!(snap.get::<f32>("w").unwrap(), want);
+    }
+
     /// The first chunk of `w` in every live version, oldest first.
     fn first_chunks(s: &Store) -> Vec<Chunk> {
         s.hist

@@ -434,6 +434,11 @@ impl Alloc {
         Alloc { pool }
     }
 
+    /// The pool, without keeping it alive (what outlives the store holds this).
+    pub(crate) fn pool_weak(&self) -> Weak<Pool> {
+        self.pool.as_ref().map_or_else(Weak::new, Arc::downgrade)
+    }
+
     /// A buffer for `len` bytes whose contents are unspecified (old data from the pool, or
     /// zeros).
     fn buffer(&self, len: usize) -> (Vec<u64>, Weak<Pool>) {

@@ -27,12 +27,12 @@
 //! to encode.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 
 use rayon::prelude::*;
 
 use crate::buffer::{Bytes, WeakBytes};
-use crate::chunk::{Alloc, Chunk, ChunkSource};
+use crate::chunk::{Alloc, Chunk, ChunkSource, Pool};
 use crate::codec::{self, Method};
 use crate::error::{Error, Result};
 use crate::hash::ContentHash;
@@ -63,8 +63,10 @@ pub(crate) struct EncodedChunk {
     /// Position in its group: 0 for a key (a full chunk), else the versions since it.
     pub(crate) pos: usize,
     raw: bool,
-    /// Where decoded bytes are written (the store's buffer pool).
-    alloc: Alloc,
+    /// Where decoded bytes are written: the store's buffer pool while the store lives
+    /// (not kept alive by the chunk: a snapshot that outlives its store decodes into
+    /// fresh buffers, and gives them back to nobody).
+    pool: Weak<Pool>,
     /// The decoded bytes, while a chunk handle keeps them (checked against the id when
     /// decoded): deltas on this chunk start from them.
     decoded: Mutex<Option<WeakBytes>>,
@@ -83,7 +85,7 @@ impl EncodedChunk {
         base: Option<Base>,
         pos: usize,
         raw: bool,
-        alloc: Alloc,
+        pool: Weak<Pool>,
     ) -> EncodedChunk {
         let depth = base.as_ref().map_or(0, |b| b.src.depth + 1);
         let pos = if base.is_some() { pos } else { 0 };
@@ -93,7 +95,7 @@ impl EncodedChunk {
             depth,
             pos,
             raw,
-            alloc,
+            pool,
             decoded: Mutex::new(None),
         }
     }
@@ -168,12 +170,16 @@ impl EncodedChunk {
             links.push(&b.src.bytes);
             at = b.src.base.as_ref();
         }
-        let bytes =
-            codec::decode_chain_in(&links, kept.as_deref(), id, len, &self.alloc).map_err(|e| {
-                Error::Corrupt {
-                    reason: format!("encoded chunk {id} in memory: {e}"),
-                }
-            })?;
+        let bytes = codec::decode_chain_in(
+            &links,
+            kept.as_deref(),
+            id,
+            len,
+            &Alloc::new(self.pool.upgrade()),
+        )
+        .map_err(|e| Error::Corrupt {
+            reason: format!("encoded chunk {id} in memory: {e}"),
+        })?;
         if let Ok(mut g) = self.decoded.lock() {
             *g = Some(bytes.downgrade());
         }
@@ -442,7 +448,7 @@ fn encode_item(
         base,
         it.pos,
         method == Method::Raw,
-        alloc.clone(),
+        alloc.pool_weak(),
     ));
     let chunk = if keep {
         let decoded = Bytes::new(Arc::new(RawBytes(it.raw.clone())));
