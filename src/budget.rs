@@ -346,7 +346,7 @@ mod tests {
 
     use super::*;
     use crate::config::Config;
-    use crate::encoded::MAX_DELTA_CHAIN;
+    use crate::encoded::{MAX_DELTA_CHAIN, RAW_KEY_MIN_BYTES};
 
     #[test]
     fn groups_are_a_raw_key_then_deltas_with_anchors_on_the_key() {
@@ -355,9 +355,10 @@ mod tests {
             ..Config::default()
         })
         .unwrap();
+        // One chunk of RAW_KEY_MIN_BYTES: keys held raw.
         s.insert(
             "w",
-            &Array1::from_shape_fn(4096, |i| (i as f32 * 0.1).cos()),
+            &Array1::from_shape_fn(RAW_KEY_MIN_BYTES / 4, |i| (i as f32 * 0.1).cos()),
         )
         .unwrap();
         s.commit("0").unwrap();
@@ -483,6 +484,61 @@ mod tests {
             "the encoded chunks do not keep the pool"
         );
         assert_eq!(snap.get::<f32>("w").unwrap(), want);
+    }
+
+    #[test]
+    fn small_chunks_are_held_in_fewer_bytes_than_raw_and_keys_coded_in_planes() {
+        let mut s = Store::with_config(Config {
+            memory_budget: Some(0),
+            ..Config::default()
+        })
+        .unwrap();
+        // Small tensors (a bias, a norm): one chunk each, far under RAW_KEY_MIN_BYTES.
+        for (k, n) in [64usize, 300, 1024].into_iter().enumerate() {
+            s.insert(
+                &format!("b{k}"),
+                &Array1::from_shape_fn(n, |i| (i as f32 * 0.37).sin() * 0.02),
+            )
+            .unwrap();
+        }
+        let mut copies = Vec::new();
+        for step in 0..7 {
+            if step > 0 {
+                for k in 0..3 {
+                    s.update_map::<f32>(&format!("b{k}"), |x| x * (1.0 - 1e-5))
+                        .unwrap();
+                }
+            }
+            let id = s.commit(&step.to_string()).unwrap();
+            copies.push((
+                id,
+                (0..3)
+                    .map(|k| s.get::<f32>(&format!("b{k}")).unwrap())
+                    .collect::<Vec<_>>(),
+            ));
+        }
+        s.enforce_memory_budget();
+        let st = s.stats();
+        assert!(st.encoded_bytes > 0, "old versions encoded");
+        assert!(
+            st.encoded_held_bytes < st.encoded_bytes,
+            "encoding holds fewer bytes than raw: {st:?}"
+        );
+        let first = s.hist.live().next().unwrap().1.vars.loaded().unwrap()["b2"]
+            .chunks()
+            .next()
+            .unwrap()
+            .clone();
+        let key = encoded_of(&first).expect("the oldest version encoded");
+        assert_eq!(key.pos, 0);
+        assert!(!key.is_raw(), "a small key is coded in planes");
+        drop((first, key));
+        for (id, want) in copies {
+            let snap = s.snapshot(id).unwrap();
+            for (k, w) in want.iter().enumerate() {
+                assert_eq!(&snap.get::<f32>(&format!("b{k}")).unwrap(), w);
+            }
+        }
     }
 
     /// The first chunk of `w` in every live version, oldest first.

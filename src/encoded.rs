@@ -8,8 +8,10 @@
 //! the *key*), then up to [`DELTA_SPAN`] deltas, at positions 1, 2, ... after it. A
 //! delta at a position that is a multiple of [`DELTA_ANCHOR_EVERY`] (an *anchor*) is
 //! taken against the key; any other against the position before it (the same
-//! variable's chunk at the same index in the parent version). Reading an encoded chunk
-//! decodes at most [`MAX_DELTA_CHAIN`] deltas on the key, in one pass
+//! variable's chunk at the same index in the parent version). A key of fewer than
+//! [`RAW_KEY_MIN_BYTES`] is coded in byte planes where that saves. A chunk that coding
+//! does not shrink stays raw, outside any group. Reading an encoded chunk decodes at
+//! most [`MAX_DELTA_CHAIN`] deltas on the key, in one pass
 //! ([`codec::decode_chain`]: one decompression per link, one hash check of the chunk's
 //! own bytes); the decoded bytes are kept by that handle until the next encoding pass
 //! drops them. While some handle keeps a chunk's decoded bytes, a delta on it starts
@@ -44,6 +46,13 @@ pub const DELTA_SPAN: usize = 16;
 /// A delta at a position (in its group) that is a multiple of this is taken against the
 /// group's key, any other against the position before it.
 pub const DELTA_ANCHOR_EVERY: usize = 4;
+
+/// A key (a group's full chunk) of at least this many bytes is held raw; a smaller one is
+/// coded in byte planes where that saves, as any chunk without a base. On a large chunk
+/// a raw key costs 1% of a group's bytes and saves the encoder the key's coding and an
+/// anchor's decoding of its base; on a small one the codec's 12-byte header and the
+/// coding lost are what count.
+pub const RAW_KEY_MIN_BYTES: usize = 64 << 10;
 
 /// The most deltas on one chain (position `4k + 3`: three deltas down to the anchor at
 /// `4k`, a delta on the key): reading any encoded chunk decodes at most this many deltas
@@ -430,12 +439,18 @@ fn encode_item(
             .map(|b| (*id, b, Arc::clone(src))),
     };
     let base = base.filter(|(_, b, src)| b.len() == raw.len() && src.depth < MAX_DELTA_CHAIN);
+    let big = raw.len() >= RAW_KEY_MIN_BYTES;
     let e = match &base {
         Some((id, b, _)) => codec::encode(raw, it.width, Some((id, &b[..]))),
-        // A key is held raw (see the module's documentation).
-        None => codec::encode_as(Method::Raw, raw, it.width, None),
+        // A key of a large chunk is held raw (see the module's documentation).
+        None if big => codec::encode_as(Method::Raw, raw, it.width, None),
+        None => codec::encode(raw, it.width, None),
     };
     let method = e.method();
+    if method == Method::Raw && !(big && base.is_none()) {
+        // Coding saves nothing: the chunk stays as it is.
+        return None;
+    }
     let (bytes, base) = match method {
         Method::XorPlanes => {
             let (id, _, src) = base.expect("a delta has a base");

@@ -146,7 +146,7 @@ pub use config::{
 };
 pub use diff::{Diff, TensorDiff, VarDiff};
 pub use element::{DType, Element};
-pub use encoded::{DELTA_ANCHOR_EVERY, DELTA_SPAN, MAX_DELTA_CHAIN};
+pub use encoded::{DELTA_ANCHOR_EVERY, DELTA_SPAN, MAX_DELTA_CHAIN, RAW_KEY_MIN_BYTES};
 pub use error::{Conflict, Error, Result};
 pub use hash::{ContentHash, ParseHashError};
 pub use history::{Ref, MAX_REF_NAME_BYTES};
