@@ -145,7 +145,7 @@ impl Store {
         self.drop_decoded(&hot);
         Plan {
             versions,
-            alloc: self.alloc.clone(),
+            pool: self.alloc.pool_weak(),
         }
     }
 
@@ -411,20 +411,23 @@ mod tests {
         }
     }
 
-    #[test]
-    fn decoded_chunks_are_written_into_pooled_buffers_and_given_back() {
+    /// A store with a budget of 0 and 16 KiB chunks (so that its buffer pool takes
+    /// them), holding `w`: 8 full chunks of `f(i * 0.1)`.
+    fn pooled_store(f: fn(f32) -> f32) -> Store {
         let mut s = Store::with_config(Config {
             memory_budget: Some(0),
             chunk_bytes: 16 << 10,
             ..Config::default()
         })
         .unwrap();
-        // 8 chunks of a full 16 KiB.
-        s.insert(
-            "w",
-            &Array1::from_shape_fn(8 * 4096, |i| (i as f32 * 0.1).cos()),
-        )
-        .unwrap();
+        s.insert("w", &Array1::from_shape_fn(8 * 4096, |i| f(i as f32 * 0.1)))
+            .unwrap();
+        s
+    }
+
+    #[test]
+    fn decoded_chunks_are_written_into_pooled_buffers_and_given_back() {
+        let mut s = pooled_store(f32::cos);
         let v0 = s.commit("0").unwrap();
         let want = s.get::<f32>("w").unwrap();
         for step in 1..6 {
@@ -456,17 +459,7 @@ mod tests {
 
     #[test]
     fn a_snapshot_outliving_its_store_decodes_without_keeping_the_pool() {
-        let mut s = Store::with_config(Config {
-            memory_budget: Some(0),
-            chunk_bytes: 16 << 10,
-            ..Config::default()
-        })
-        .unwrap();
-        s.insert(
-            "w",
-            &Array1::from_shape_fn(8 * 4096, |i| (i as f32 * 0.1).sin()),
-        )
-        .unwrap();
+        let mut s = pooled_store(f32::sin);
         s.commit("0").unwrap();
         s.update_map::<f32>("w", |x| x * (1.0 + 1e-6)).unwrap();
         s.commit("1").unwrap();

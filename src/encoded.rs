@@ -285,8 +285,8 @@ pub(crate) struct Item {
 /// The chunks one pass encodes: per version, oldest first.
 pub(crate) struct Plan {
     pub(crate) versions: Vec<Vec<Item>>,
-    /// Where the encoded chunks write their decoded bytes (the store's).
-    pub(crate) alloc: Alloc,
+    /// The store's buffer pool, where the encoded chunks write their decoded bytes.
+    pub(crate) pool: Weak<Pool>,
 }
 
 /// What a finished pass gives back: raw chunk address -> (the raw chunk, its encoded
@@ -424,7 +424,7 @@ fn encode_item(
     it: &Item,
     done: &HashMap<usize, (Chunk, Chunk)>,
     keep: bool,
-    alloc: &Alloc,
+    pool: &Weak<Pool>,
 ) -> Option<(usize, Chunk, Chunk)> {
     let raw = it.raw.data();
     let base: Option<(ContentHash, Bytes, Arc<EncodedChunk>)> = match &it.base {
@@ -463,7 +463,7 @@ fn encode_item(
         base,
         it.pos,
         method == Method::Raw,
-        alloc.pool_weak(),
+        pool.clone(),
     ));
     let chunk = if keep {
         let decoded = Bytes::new(Arc::new(RawBytes(it.raw.clone())));
@@ -490,7 +490,7 @@ pub(crate) fn run(plan: Plan) -> Done {
             items
                 .par_iter()
                 .with_min_len(1)
-                .filter_map(|it| encode_item(it, &done, keep, &plan.alloc))
+                .filter_map(|it| encode_item(it, &done, keep, &plan.pool))
                 .collect()
         });
         for (a, raw, enc) in out {
