@@ -6,19 +6,196 @@
 //!
 //! [`Config::memory_budget`]: crate::Config::memory_budget
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 use crate::chunk::Chunk;
 use crate::encoded::{
-    encoded_of, memory_of, run, BaseRef, Done, EncodedChunk, Item, Memory, Plan,
+    encoded_of, memory_of, run, BaseRef, Done, EncodedChunk, Item, Ledger, Memory, Plan,
     DELTA_ANCHOR_EVERY, DELTA_SPAN,
 };
 use crate::history::Vars;
 use crate::store::Store;
 use crate::version::VersionId;
 
+/// The raw chunks of `vars` if nothing in them is left to encode: every chunk encoded or
+/// in a repository and not loaded, or raw and in `hot`; `None` otherwise.
+fn settled_chunks(vars: &Vars, hot: &HashSet<usize>) -> Option<Vec<usize>> {
+    let mut raw = Vec::new();
+    for c in vars.values().flat_map(|t| t.chunks()) {
+        if c.len_bytes() == 0 || (c.source().is_some() && c.is_unloaded()) {
+            continue;
+        }
+        if c.source().is_some() || !hot.contains(&c.addr()) {
+            return None;
+        }
+        raw.push(c.addr());
+    }
+    raw.sort_unstable();
+    raw.dedup();
+    Some(raw)
+}
+
+/// The budget's record of the live versions held in memory, kept so that a commit costs
+/// the budget time in what it added, not in the length of the history: each version's
+/// chunks counted once in a [`Ledger`] (what the history holds, without walking it), and
+/// which versions are *settled*: nothing in them left to encode (every chunk encoded or
+/// in a repository and not loaded, or raw and, when it settled, held by the working
+/// state or HEAD). A plan walks only the versions that are not settled.
+///
+/// A version is counted again when its variables were replaced (their stamp changed) or
+/// it is gone; a settled version is unsettled when one of its raw chunks is no longer
+/// in the working state or HEAD at a plan. Loading a stored chunk's bytes into its
+/// handle changes what the handle holds without changing any variables: when any was
+/// loaded in the process since the record was made ([`crate::chunk::loads`]), it is
+/// made again.
+#[derive(Debug, Default)]
+pub(crate) struct Record {
+    versions: HashMap<VersionId, Counted>,
+    /// (chunk address, version): the raw chunks of the settled versions.
+    raw_in: BTreeSet<(usize, VersionId)>,
+    /// The chunks of the working state and HEAD at the last plan.
+    hot: HashSet<usize>,
+    ledger: Ledger,
+    loads: u64,
+}
+
+#[derive(Debug)]
+struct Counted {
+    /// The stamp of the version's variables when counted.
+    stamp: u64,
+    /// Its chunks' addresses, each once.
+    addrs: Vec<usize>,
+    settled: bool,
+    /// Its raw chunks' addresses, while settled.
+    raw: Vec<usize>,
+}
+
+impl Record {
+    fn forget(&mut self, id: VersionId) {
+        self.unsettle(id);
+        if let Some(c) = self.versions.remove(&id) {
+            for a in c.addrs {
+                self.ledger.remove(a);
+            }
+        }
+    }
+
+    fn unsettle(&mut self, id: VersionId) {
+        if let Some(c) = self.versions.get_mut(&id) {
+            c.settled = false;
+            for a in c.raw.drain(..) {
+                self.raw_in.remove(&(a, id));
+            }
+        }
+    }
+
+    fn settle(&mut self, id: VersionId, raw: Vec<usize>) {
+        if let Some(c) = self.versions.get_mut(&id) {
+            for &a in &raw {
+                self.raw_in.insert((a, id));
+            }
+            c.settled = true;
+            c.raw = raw;
+        }
+    }
+
+    fn is_settled(&self, id: VersionId) -> bool {
+        self.versions.get(&id).is_some_and(|c| c.settled)
+    }
+
+    /// The chunks in `hot` now: unsettle each settled version holding a raw chunk that
+    /// was hot at the last plan and is not now. O(hot chunks).
+    fn set_hot(&mut self, hot: &HashSet<usize>) {
+        let left: Vec<VersionId> = self
+            .hot
+            .difference(hot)
+            .flat_map(|&a| {
+                self.raw_in
+                    .range((a, VersionId(0))..=(a, VersionId(u64::MAX)))
+                    .map(|&(_, id)| id)
+            })
+            .collect();
+        for id in left {
+            self.unsettle(id);
+        }
+        self.hot.clone_from(hot);
+    }
+}
+
 impl Store {
+    /// Bring the record of the live versions up to date (see [`Record`]). O(versions)
+    /// and O(chunks) of the versions new or changed since the last call.
+    fn update_record(&mut self) {
+        let r = &mut self.record;
+        let loads = crate::chunk::loads();
+        if loads != r.loads {
+            *r = Record {
+                loads,
+                ..Record::default()
+            };
+        }
+        let hist = &self.hist;
+        let stale: Vec<VersionId> = r
+            .versions
+            .iter()
+            .filter(|(id, c)| hist.node(**id).map_or(true, |n| n.vars.stamp() != c.stamp))
+            .map(|(id, _)| *id)
+            .collect();
+        for id in stale {
+            r.forget(id);
+        }
+        for (id, node) in hist.live() {
+            if r.versions.contains_key(&id) {
+                continue;
+            }
+            let Some(vars) = node.vars.loaded() else {
+                continue;
+            };
+            let mut seen = HashSet::new();
+            let mut addrs = Vec::new();
+            for c in vars.values().flat_map(|t| t.chunks()) {
+                if seen.insert(c.addr()) {
+                    r.ledger.add(c);
+                    addrs.push(c.addr());
+                }
+            }
+            r.versions.insert(
+                id,
+                Counted {
+                    stamp: node.vars.stamp(),
+                    addrs,
+                    settled: false,
+                    raw: Vec::new(),
+                },
+            );
+        }
+    }
+
+    /// What [`memory`](Store::memory) gives, from the record: O(versions) and O(chunks)
+    /// of the working state and of the versions new or changed since the last call.
+    fn memory_now(&mut self) -> Memory {
+        self.update_record();
+        let mut seen = HashSet::new();
+        let working = self
+            .working
+            .values()
+            .flat_map(|t| t.chunks())
+            .filter(|c| seen.insert(c.addr()));
+        let m = self.record.ledger.memory_with(working);
+        debug_assert_eq!(m, self.memory(), "the budget's record of the memory held");
+        m
+    }
+
+    /// The live versions a plan walks: those not settled.
+    fn unsettled(&self) -> Vec<VersionId> {
+        self.hist
+            .live()
+            .map(|(id, _)| id)
+            .filter(|id| !self.record.is_settled(*id))
+            .collect()
+    }
+
     /// Memory the chunks of the working state and the live versions held in memory
     /// hold (see [`memory_of`]). O(chunks).
     pub(crate) fn memory(&self) -> Memory {
@@ -42,6 +219,7 @@ impl Store {
         for v in std::iter::once(&self.working).chain(head_vars.as_ref()) {
             hot.extend(v.values().flat_map(|t| t.chunks().map(Chunk::addr)));
         }
+        self.record.set_hot(&hot);
         let want = held.saturating_sub(budget).saturating_mul(2);
         // Versions in the repository, or that a background save is writing, are left
         // raw: the save's end evicts their chunks (they are read back from the
@@ -53,13 +231,11 @@ impl Store {
             (None, None) => (None, None),
         };
         let ids: Vec<VersionId> = self
-            .hist
-            .live()
-            .map(|(id, _)| id)
+            .unsettled()
+            .into_iter()
             .filter(|id| Some(*id) != head)
-            .filter(|id| !saved.is_some_and(|s| s.contains_key(id)))
-            .filter(|id| !captured.is_some_and(|c| c.contains(id)))
             .collect();
+        let mut settle = Vec::new();
         // The chunks this pass plans, by address: their position in their group and
         // where their group's key is.
         let mut planned: HashMap<usize, (usize, BaseRef)> = HashMap::new();
@@ -75,6 +251,15 @@ impl Store {
             let Some(vars) = node.vars.loaded() else {
                 continue;
             };
+            if let Some(raw) = settled_chunks(vars, &hot) {
+                settle.push((id, raw));
+                continue;
+            }
+            if saved.is_some_and(|s| s.contains_key(&id))
+                || captured.is_some_and(|c| c.contains(&id))
+            {
+                continue;
+            }
             let parent: Option<&Vars> = node
                 .parents
                 .first()
@@ -142,6 +327,9 @@ impl Store {
                 versions.push(items);
             }
         }
+        for (id, raw) in settle {
+            self.record.settle(id, raw);
+        }
         self.drop_decoded(&hot);
         Plan {
             versions,
@@ -184,10 +372,12 @@ impl Store {
         });
     }
 
-    /// In every live version held in memory, replace each chunk `f` gives a replacement
-    /// for. O(chunks).
+    /// In every live version held in memory that is not settled (see [`Record`]),
+    /// replace each chunk `f` gives a replacement for: what the budget replaces (a raw
+    /// chunk a pass encoded, an encoded chunk that keeps its decoded bytes) is in no
+    /// settled version. O(chunks of those versions).
     fn replace_chunks(&mut self, f: impl FnMut(&Chunk) -> Option<Chunk>) {
-        let ids: Vec<VersionId> = self.hist.live().map(|(id, _)| id).collect();
+        let ids = self.unsettled();
         self.replace_chunks_in(ids, f);
     }
 
@@ -270,7 +460,7 @@ impl Store {
             return;
         };
         self.collect_pass();
-        let mut m = self.memory();
+        let mut m = self.memory_now();
         let behind = self.budget.running();
         if behind {
             if m.raw_held <= budget.saturating_mul(2) {
@@ -279,7 +469,7 @@ impl Store {
             if let Some(done) = self.budget.wait() {
                 self.apply(done);
             }
-            m = self.memory();
+            m = self.memory_now();
         }
         let held = m.raw_held + m.encoded_held;
         if held <= budget {
@@ -315,25 +505,24 @@ impl Store {
         if let Some(done) = self.budget.wait() {
             self.apply(done);
         }
-        let held = |s: &Store| {
-            let m = s.memory();
-            m.raw_held + m.encoded_held
-        };
+        // The record in the loop, where it saves a walk per pass; a full walk for the
+        // result, after the last plan (which settled what it could).
+        let held = |m: Memory| m.raw_held + m.encoded_held;
         let Some(budget) = self.config.memory_budget else {
-            return held(self);
+            return held(self.memory());
         };
         loop {
-            let now = held(self);
+            let now = held(self.memory_now());
             if now <= budget {
                 return now;
             }
             let plan = self.plan(now, budget);
             if plan.versions.is_empty() {
-                return held(self);
+                return held(self.memory());
             }
             let done = run(plan);
             if done.is_empty() {
-                return held(self);
+                return held(self.memory());
             }
             self.apply(done);
         }
@@ -347,6 +536,7 @@ mod tests {
     use super::*;
     use crate::config::Config;
     use crate::encoded::{MAX_DELTA_CHAIN, RAW_KEY_MIN_BYTES};
+    use crate::retention::Retention;
 
     #[test]
     fn groups_are_a_raw_key_then_deltas_with_anchors_on_the_key() {
@@ -408,6 +598,138 @@ mod tests {
         for (k, copy) in copies.iter().enumerate() {
             let id = s.hist.live().nth(k).unwrap().0;
             assert_eq!(&s.snapshot(id).unwrap().get::<f32>("w").unwrap(), copy);
+        }
+    }
+
+    /// Versions the budget's record has not settled (HEAD among them).
+    fn unsettled_count(s: &Store) -> usize {
+        s.record.versions.values().filter(|c| !c.settled).count()
+    }
+
+    /// Every chunk of every live version is encoded, or raw and held by HEAD or the
+    /// working state: nothing left for the budget to encode.
+    fn assert_nothing_left_to_encode(s: &Store) {
+        let head = s
+            .hist
+            .head_id()
+            .map(|h| s.hist.node(h).unwrap().vars.get().unwrap());
+        let hot: HashSet<usize> = std::iter::once(&s.working)
+            .chain(head)
+            .flat_map(|v| v.values().flat_map(|t| t.chunks().map(Chunk::addr)))
+            .collect();
+        for (id, n) in s.hist.live() {
+            for c in n.vars.get().unwrap().values().flat_map(|t| t.chunks()) {
+                assert!(
+                    c.is_encoded() || hot.contains(&c.addr()),
+                    "version {id} holds a raw chunk that HEAD does not"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn dense_commits_leave_only_the_newest_versions_for_a_pass_to_walk() {
+        let mut s = pooled_store(f32::cos);
+        s.commit("0").unwrap();
+        let mut copies = vec![s.get::<f32>("w").unwrap()];
+        for step in 1..40 {
+            s.update_map::<f32>("w", |x| x * (1.0 + 1e-6)).unwrap();
+            s.commit(&step.to_string()).unwrap();
+            copies.push(s.get::<f32>("w").unwrap());
+            s.enforce_memory_budget();
+            // HEAD, and the version the last pass encoded last (it keeps its decoded
+            // bytes for the next pass to start from); every older one settled. (Checked
+            // first: a chunk loaded by a test on another thread makes the record's next
+            // update count every version again.)
+            assert!(
+                unsettled_count(&s) <= 2,
+                "{} after commit {step}",
+                unsettled_count(&s)
+            );
+            assert_eq!(s.memory_now(), s.memory(), "after commit {step}");
+            assert_nothing_left_to_encode(&s);
+        }
+        for (k, copy) in copies.iter().enumerate() {
+            let id = s.hist.live().nth(k).unwrap().0;
+            assert_eq!(&s.snapshot(id).unwrap().get::<f32>("w").unwrap(), copy);
+        }
+    }
+
+    #[test]
+    fn the_record_follows_chunks_leaving_head_reads_restores_and_prunes() {
+        // Each commit changes one chunk of `w`'s 8; `f` stays as it is (old versions
+        // settle holding its raw chunks, which HEAD holds too) until commit 20 changes
+        // it: then they hold raw chunks that HEAD does not, to be encoded.
+        let mut s = pooled_store(f32::sin);
+        s.insert("f", &Array1::from_shape_fn(8 * 4096, |i| (i as f32).sqrt()))
+            .unwrap();
+        s.commit("0").unwrap();
+        let mut copies = vec![s.get::<f32>("w").unwrap()];
+        let check = |s: &mut Store, what: &str| {
+            s.enforce_memory_budget();
+            assert_eq!(s.memory_now(), s.memory(), "{what}");
+            assert_nothing_left_to_encode(s);
+        };
+        for step in 1..30 {
+            let c = step % 8;
+            s.update_range::<f32>("w", c * 4096..(c + 1) * 4096, |_, xs| {
+                for x in xs {
+                    *x *= 1.0 + 1e-6;
+                }
+            })
+            .unwrap();
+            if step == 20 {
+                s.update_map::<f32>("f", |x| x + 1.0).unwrap();
+            }
+            s.commit(&step.to_string()).unwrap();
+            copies.push(s.get::<f32>("w").unwrap());
+            check(&mut s, &format!("commit {step}"));
+            if step == 19 {
+                assert!(
+                    s.record
+                        .versions
+                        .values()
+                        .any(|c| c.settled && !c.raw.is_empty()),
+                    "versions settled holding raw chunks of HEAD"
+                );
+            }
+        }
+        // Read an old version (its chunks' handles load their bytes), restore another.
+        let ids: Vec<VersionId> = s.hist.live().map(|(id, _)| id).collect();
+        assert_eq!(
+            &s.snapshot(ids[3]).unwrap().get::<f32>("w").unwrap(),
+            &copies[3]
+        );
+        check(&mut s, "a read");
+        s.restore(ids[10]).unwrap();
+        assert_eq!(s.get::<f32>("w").unwrap(), copies[10]);
+        check(&mut s, "a restore");
+        s.update_map::<f32>("w", |x| x * (1.0 + 1e-6)).unwrap();
+        let tip = s.commit("after the restore").unwrap();
+        let tip_copy = s.get::<f32>("w").unwrap();
+        check(&mut s, "a commit after the restore");
+        // Drop all but the last 5 versions of the line.
+        s.prune(&Retention {
+            last: Some(5),
+            every: None,
+            unreachable: true,
+            best: None,
+        })
+        .unwrap();
+        check(&mut s, "a prune");
+        let live: Vec<VersionId> = s.hist.live().map(|(id, _)| id).collect();
+        assert!(live.len() < ids.len());
+        for id in live {
+            let want = if id == tip {
+                &tip_copy
+            } else {
+                &copies[ids.iter().position(|i| *i == id).unwrap()]
+            };
+            assert_eq!(
+                &s.snapshot(id).unwrap().get::<f32>("w").unwrap(),
+                want,
+                "{id}"
+            );
         }
     }
 

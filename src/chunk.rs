@@ -3,6 +3,7 @@
 
 use std::any::Any;
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use crate::buffer::Bytes;
@@ -13,6 +14,17 @@ use crate::hash::ContentHash;
 /// Where the bytes of a stored chunk come from (a repository's packs, or an encoded form
 /// held in memory): `load` returns exactly `len` bytes, 8-byte aligned, already checked
 /// against `id`.
+/// Stored chunks whose bytes were loaded into their handle, in this process: a handle
+/// that holds its bytes holds more memory, and the memory budget's record of the
+/// versions is rebuilt when this count moved.
+static LOADS: AtomicU64 = AtomicU64::new(0);
+
+/// How many stored chunks had their bytes loaded into their handle so far (see
+/// [`LOADS`]).
+pub(crate) fn loads() -> u64 {
+    LOADS.load(Ordering::Relaxed)
+}
+
 pub(crate) trait ChunkSource: fmt::Debug + Send + Sync + Any {
     fn load(&self, id: &ContentHash, len: usize) -> Result<Bytes>;
 
@@ -91,7 +103,9 @@ impl Chunk {
         match &self.0.stored {
             Some(s) if s.bytes.get().is_none() => {
                 let b = s.source.load(&self.hash(), self.0.len)?;
-                let _ = s.bytes.set(b);
+                if s.bytes.set(b).is_ok() {
+                    LOADS.fetch_add(1, Ordering::Relaxed);
+                }
                 Ok(())
             }
             _ => Ok(()),
@@ -277,6 +291,7 @@ impl ChunkData {
         match &self.stored {
             None => &bytemuck::cast_slice(&self.words)[..self.len],
             Some(s) => s.bytes.get_or_init(|| {
+                LOADS.fetch_add(1, Ordering::Relaxed);
                 let id = self.hash.get().copied().unwrap_or(ContentHash([0; 32]));
                 match s.source.load(&id, self.len) {
                     Ok(b) => b,

@@ -231,31 +231,129 @@ pub(crate) struct Memory {
     pub(crate) encoded_held: usize,
 }
 
+impl Memory {
+    fn add(&mut self, o: Memory) {
+        self.raw_held += o.raw_held;
+        self.encoded_raw += o.encoded_raw;
+        self.encoded_held += o.encoded_held;
+    }
+
+    fn sub(&mut self, o: Memory) {
+        self.raw_held -= o.raw_held;
+        self.encoded_raw -= o.encoded_raw;
+        self.encoded_held -= o.encoded_held;
+    }
+}
+
+/// What chunk `c` holds by itself: its raw buffer on the heap, or for an encoded chunk
+/// its raw length and the decoded bytes it keeps (its encoded forms apart; a chunk in
+/// a repository holds nothing here).
+fn own_memory(c: &Chunk) -> Memory {
+    if !c.is_encoded() {
+        return Memory {
+            raw_held: c.held_bytes(),
+            ..Memory::default()
+        };
+    }
+    Memory {
+        raw_held: 0,
+        encoded_raw: c.len_bytes(),
+        encoded_held: if c.is_unloaded() { 0 } else { c.len_bytes() },
+    }
+}
+
 /// Memory held by `chunks` (each given once): raw buffers on the heap, and encoded forms
 /// (each form once, with the bases that only deltas hold) and their decoded bytes.
 /// Chunks in a repository count nothing. O(chunks + chain lengths).
 pub(crate) fn memory_of<'a>(chunks: impl Iterator<Item = &'a Chunk>) -> Memory {
-    let mut m = Memory::default();
-    let mut forms = HashSet::new();
-    for c in chunks {
-        if !c.is_encoded() {
-            m.raw_held += c.held_bytes();
-            continue;
+    Ledger::default().memory_with(chunks)
+}
+
+/// Chunks counted once each, with the encoded forms they hold: the memory a set of
+/// versions holds, kept up to date as versions come and go (each chunk counted while
+/// at least one of them holds it, each form while one counted chunk's chain reaches
+/// it). What a chunk added is taken off as it was added.
+#[derive(Debug, Default)]
+pub(crate) struct Ledger {
+    /// By chunk address: how many holders, what it added, the forms of its chain.
+    chunks: HashMap<usize, (usize, Memory, Vec<usize>)>,
+    /// By form address: how many counted chunks reach it, and its bytes.
+    forms: HashMap<usize, (usize, usize)>,
+    total: Memory,
+}
+
+impl Ledger {
+    /// Count one more holder of chunk `c` (the chunk itself at most once). O(chain).
+    pub(crate) fn add(&mut self, c: &Chunk) {
+        if let Some(e) = self.chunks.get_mut(&c.addr()) {
+            e.0 += 1;
+            return;
         }
-        m.encoded_raw += c.len_bytes();
-        if !c.is_unloaded() {
-            m.encoded_held += c.len_bytes();
-        }
-        let mut src = encoded_of(c);
+        let own = own_memory(c);
+        self.total.add(own);
+        let mut chain = Vec::new();
+        let mut src = encoded_ref(c);
         while let Some(s) = src {
-            if !forms.insert(Arc::as_ptr(&s) as usize) {
-                break;
+            let p = std::ptr::from_ref(s) as usize;
+            chain.push(p);
+            let f = self.forms.entry(p).or_insert((0, s.bytes.len()));
+            if f.0 == 0 {
+                self.total.encoded_held += f.1;
             }
-            m.encoded_held += s.bytes.len();
-            src = s.base.as_ref().map(|b| Arc::clone(&b.src));
+            f.0 += 1;
+            src = s.base.as_ref().map(|b| &*b.src);
+        }
+        self.chunks.insert(c.addr(), (1, own, chain));
+    }
+
+    /// Count one holder fewer of the chunk at `addr` (counted by [`add`](Ledger::add)):
+    /// the last one takes off what it added. O(chain).
+    pub(crate) fn remove(&mut self, addr: usize) {
+        let Some(e) = self.chunks.get_mut(&addr) else {
+            return;
+        };
+        e.0 -= 1;
+        if e.0 > 0 {
+            return;
+        }
+        let Some((_, own, chain)) = self.chunks.remove(&addr) else {
+            return;
+        };
+        self.total.sub(own);
+        for p in chain {
+            if let Some(f) = self.forms.get_mut(&p) {
+                f.0 -= 1;
+                if f.0 == 0 {
+                    self.total.encoded_held -= f.1;
+                    self.forms.remove(&p);
+                }
+            }
         }
     }
-    m
+
+    /// What the counted chunks hold and, beside them, `chunks` (each given once) that
+    /// are not counted, as [`memory_of`] counts them all. O(`chunks` + chain lengths).
+    pub(crate) fn memory_with<'a>(&self, chunks: impl Iterator<Item = &'a Chunk>) -> Memory {
+        let mut m = self.total;
+        let mut forms = HashSet::new();
+        for c in chunks {
+            if self.chunks.contains_key(&c.addr()) {
+                continue;
+            }
+            m.add(own_memory(c));
+            let mut src = encoded_ref(c);
+            while let Some(s) = src {
+                let p = std::ptr::from_ref(s) as usize;
+                if self.forms.contains_key(&p) || !forms.insert(p) {
+                    // Counted already, and with it the rest of its chain.
+                    break;
+                }
+                m.encoded_held += s.bytes.len();
+                src = s.base.as_ref().map(|b| &*b.src);
+            }
+        }
+        m
+    }
 }
 
 /// Where the chunk to encode finds its base.

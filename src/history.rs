@@ -2,6 +2,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashSet, VecDeque};
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::SystemTime;
 
@@ -67,6 +68,12 @@ pub(crate) struct Version {
     pub(crate) vars: VersionVars,
 }
 
+/// A new [`VersionVars`] stamp: unique in the process.
+fn next_stamp() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
 /// Reads a version's variables from where they are kept (a repository's manifests).
 pub(crate) trait VarsSource: Send + Sync {
     fn load(&self) -> Result<Vars>;
@@ -78,6 +85,9 @@ pub(crate) trait VarsSource: Send + Sync {
 #[derive(Clone)]
 pub(crate) struct VersionVars {
     vars: OnceLock<Vars>,
+    /// Unique to these variables as they are held (new when they are replaced): how the
+    /// memory budget's record tells a version it counted from one changed since.
+    stamp: u64,
     source: Option<Arc<dyn VarsSource>>,
 }
 
@@ -86,6 +96,7 @@ impl VersionVars {
     pub(crate) fn held(vars: Vars) -> VersionVars {
         VersionVars {
             vars: OnceLock::from(vars),
+            stamp: next_stamp(),
             source: None,
         }
     }
@@ -94,6 +105,7 @@ impl VersionVars {
     pub(crate) fn lazy(source: Arc<dyn VarsSource>) -> VersionVars {
         VersionVars {
             vars: OnceLock::new(),
+            stamp: next_stamp(),
             source: Some(source),
         }
     }
@@ -123,6 +135,12 @@ impl VersionVars {
     /// Replace the variables (with the same values, differently held).
     pub(crate) fn set(&mut self, vars: Vars) {
         self.vars = OnceLock::from(vars);
+        self.stamp = next_stamp();
+    }
+
+    /// The stamp of the variables as held now: it changes whenever they are replaced.
+    pub(crate) fn stamp(&self) -> u64 {
+        self.stamp
     }
 }
 

@@ -38,6 +38,8 @@ pub struct Store {
     pub(crate) bg: crate::repo::Background,
     /// The background encoding under [`Config::memory_budget`].
     pub(crate) budget: crate::encoded::Budget,
+    /// The memory budget's record of the versions (what they hold, what is settled).
+    pub(crate) record: crate::budget::Record,
 }
 
 impl Default for Store {
@@ -74,6 +76,7 @@ impl Store {
             repo: None,
             bg: crate::repo::Background::default(),
             budget: crate::encoded::Budget::default(),
+            record: crate::budget::Record::default(),
         })
     }
 
