@@ -103,6 +103,19 @@ pub const MIN_SAVING_DIVISOR: usize = 25;
 /// threshold from 1% to 13% picks the same planes.
 pub const MIN_PLANE_SAVING_DIVISOR: usize = 25;
 
+/// A plane of at least [`SMALL_PLANE_BYTES`] whose bytes, sampled
+/// ([`RANDOM_SAMPLE_BYTES`] at its start, middle and end), have an entropy of at least this many tenths of a bit
+/// per byte is stored raw without trying zstd: entropy coding cannot save the 4% a
+/// plane must save ([`MIN_PLANE_SAVING_DIVISOR`]) below about 7.7 bits. The low
+/// mantissa planes of float chunks and of their deltas look so (7.9 bits and more; on
+/// the Adam state of a 10 MiB MLP they code to 0.993 and 0.997 of their length, and
+/// zstd spent a quarter of the encoder's time on them). What it gives up: repeats
+/// within such a plane (random-looking bytes that recur), which only matches find.
+pub const RANDOM_PLANE_TENTHS: u32 = 78;
+
+/// Bytes [`RANDOM_PLANE_TENTHS`] samples at each of a plane's start, middle and end.
+pub const RANDOM_SAMPLE_BYTES: usize = 2048;
+
 /// [`encode`] takes an XOR delta of at most `len * DELTA_ENOUGH_TENTHS / 10` bytes
 /// without trying planes alone (which would code the chunk a second time). Measured on
 /// the 9 deltas between 10 consecutive all-MiniLM-L6-v2 AdamW checkpoints (256 KiB
@@ -618,6 +631,9 @@ thread_local! {
 /// then stored raw. `frame` keeps its capacity between calls.
 fn compress_plane(plane: &[u8], limit: usize, frame: &mut Vec<u8>) -> bool {
     let small = plane.len() < SMALL_PLANE_BYTES;
+    if !small && looks_random(plane) {
+        return false;
+    }
     let cell = if small {
         &SMALL_COMPRESSOR
     } else {
@@ -642,6 +658,38 @@ fn compress_plane(plane: &[u8], limit: usize, frame: &mut Vec<u8>) -> bool {
         frame.reserve(zstd::zstd_safe::compress_bound(plane.len()));
         comp.compress_to_buffer(plane, frame).is_ok() && frame.len() <= limit
     })
+}
+
+/// Whether `plane`'s bytes, [`RANDOM_SAMPLE_BYTES`] at its start, middle and end, have
+/// an entropy of at least [`RANDOM_PLANE_TENTHS`] tenths of a bit per byte. O(1): a
+/// few microseconds.
+fn looks_random(plane: &[u8]) -> bool {
+    let w = RANDOM_SAMPLE_BYTES.min(plane.len() / 3);
+    let mid = plane.len() / 2 - w / 2;
+    let windows = [&plane[..w], &plane[mid..mid + w], &plane[plane.len() - w..]];
+    // Four tables, so that consecutive equal bytes do not wait on one counter.
+    let mut counts = [[0u32; 256]; 4];
+    for win in windows {
+        let mut quads = win.chunks_exact(4);
+        for q in &mut quads {
+            for (t, &b) in q.iter().enumerate() {
+                counts[t][usize::from(b)] += 1;
+            }
+        }
+        for &b in quads.remainder() {
+            counts[0][usize::from(b)] += 1;
+        }
+    }
+    let n = (3 * w) as f64;
+    let bits: f64 = (0..256)
+        .map(|b| counts.iter().map(|t| t[b]).sum::<u32>())
+        .filter(|&c| c > 0)
+        .map(|c| {
+            let p = f64::from(c) / n;
+            -p * p.log2()
+        })
+        .sum();
+    bits * 10.0 >= f64::from(RANDOM_PLANE_TENTHS)
 }
 
 /// Decompress one zstd frame into exactly `dst` (which it must fill): nothing is

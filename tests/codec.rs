@@ -685,3 +685,26 @@ fn small_tensors_keep_their_matches_and_large_planes_use_the_fast_level() {
         &ramp[..]
     );
 }
+
+#[test]
+fn large_planes_that_look_random_are_stored_raw_and_others_are_coded() {
+    // One plane (width 1) of 64 KiB: over SMALL_PLANE_BYTES, so sampled first.
+    let len = 64 << 10;
+    let mut rng = Rng(11);
+    let plane = |f: &mut dyn FnMut() -> u8| -> Vec<u8> { (0..len).map(|_| f()).collect() };
+    let coded = |bytes: &[u8]| {
+        let e = encode_as(Method::Planes, bytes, 1, None);
+        let back = decode(e.as_bytes(), &id(bytes), bytes.len(), None).unwrap();
+        assert_eq!(&*back, bytes);
+        e.header().raw_planes == 0
+    };
+    // 8 bits per byte: raw.
+    assert!(!coded(&plane(&mut || rng.next() as u8)));
+    // 7 bits per byte (128 values): entropy coding saves an eighth, so it is coded.
+    assert!(coded(&plane(&mut || (rng.next() % 128) as u8)));
+    // What the sampling gives up: a random 4 KiB block repeated is stored raw, where
+    // zstd's matches would have coded it to a sixteenth.
+    let block: Vec<u8> = (0..4096).map(|_| rng.next() as u8).collect();
+    let repeated: Vec<u8> = block.iter().copied().cycle().take(len).collect();
+    assert!(!coded(&repeated));
+}
