@@ -398,18 +398,22 @@ impl Store {
             };
             let mut updates = Vec::new();
             for (name, t) in held.iter() {
-                let mut changed = false;
-                let chunks = t
-                    .chunks()
-                    .map(|c| match f(c) {
-                        Some(n) => {
-                            changed = true;
-                            n
+                // A tensor's chunks are collected anew only from its first replaced one.
+                let mut chunks: Option<crate::tensor::ChunkVec> = None;
+                for (i, c) in t.chunks().enumerate() {
+                    match (f(c), chunks.as_mut()) {
+                        (Some(n), Some(v)) => v.push_back(n),
+                        (Some(n), None) => {
+                            let mut v: crate::tensor::ChunkVec =
+                                t.chunks().take(i).cloned().collect();
+                            v.push_back(n);
+                            chunks = Some(v);
                         }
-                        None => c.clone(),
-                    })
-                    .collect();
-                if changed {
+                        (None, Some(v)) => v.push_back(c.clone()),
+                        (None, None) => {}
+                    }
+                }
+                if let Some(chunks) = chunks {
                     updates.push((name.clone(), t.with_chunks(chunks)));
                 }
             }
