@@ -183,7 +183,13 @@ impl Store {
             .flat_map(|t| t.chunks())
             .filter(|c| seen.insert(c.addr()));
         let m = self.record.ledger.memory_with(working);
-        debug_assert_eq!(m, self.memory(), "the budget's record of the memory held");
+        if cfg!(debug_assertions) {
+            // Unless a chunk was loaded meanwhile (a snapshot read on another thread).
+            let full = self.memory();
+            if crate::chunk::loads() == self.record.loads {
+                assert_eq!(m, full, "the budget's record of the memory held");
+            }
+        }
         m
     }
 
@@ -669,11 +675,16 @@ mod tests {
             .unwrap();
         s.commit("0").unwrap();
         let mut copies = vec![s.get::<f32>("w").unwrap()];
-        let check = |s: &mut Store, what: &str| {
+        // After the budget is enforced (its last plan settled what it could): first
+        // `settled`, on the record as that plan left it (a chunk loaded by a test on
+        // another thread makes the record's next update count every version again).
+        let check_then = |s: &mut Store, what: &str, settled: &dyn Fn(&Store)| {
             s.enforce_memory_budget();
+            settled(s);
             assert_eq!(s.memory_now(), s.memory(), "{what}");
             assert_nothing_left_to_encode(s);
         };
+        let check = |s: &mut Store, what: &str| check_then(s, what, &|_| {});
         for step in 1..30 {
             let c = step % 8;
             s.update_range::<f32>("w", c * 4096..(c + 1) * 4096, |_, xs| {
@@ -687,16 +698,17 @@ mod tests {
             }
             s.commit(&step.to_string()).unwrap();
             copies.push(s.get::<f32>("w").unwrap());
-            check(&mut s, &format!("commit {step}"));
-            if step == 19 {
-                assert!(
-                    s.record
-                        .versions
-                        .values()
-                        .any(|c| c.settled && !c.raw.is_empty()),
-                    "versions settled holding raw chunks of HEAD"
-                );
-            }
+            check_then(&mut s, &format!("commit {step}"), &|s| {
+                if step == 19 {
+                    assert!(
+                        s.record
+                            .versions
+                            .values()
+                            .any(|c| c.settled && !c.raw.is_empty()),
+                        "versions settled holding raw chunks of HEAD"
+                    );
+                }
+            });
         }
         // Read an old version (its chunks' handles load their bytes), restore another.
         let ids: Vec<VersionId> = s.hist.live().map(|(id, _)| id).collect();
