@@ -66,9 +66,8 @@ struct Counted {
     stamp: u64,
     /// Its chunks' addresses, each once.
     addrs: Vec<usize>,
-    settled: bool,
-    /// Its raw chunks' addresses, while settled.
-    raw: Vec<usize>,
+    /// While settled: its raw chunks' addresses.
+    settled: Option<Vec<usize>>,
 }
 
 impl Record {
@@ -83,8 +82,7 @@ impl Record {
 
     fn unsettle(&mut self, id: VersionId) {
         if let Some(c) = self.versions.get_mut(&id) {
-            c.settled = false;
-            for a in c.raw.drain(..) {
+            for a in c.settled.take().unwrap_or_default() {
                 self.raw_in.remove(&(a, id));
             }
         }
@@ -95,13 +93,12 @@ impl Record {
             for &a in &raw {
                 self.raw_in.insert((a, id));
             }
-            c.settled = true;
-            c.raw = raw;
+            c.settled = Some(raw);
         }
     }
 
     fn is_settled(&self, id: VersionId) -> bool {
-        self.versions.get(&id).is_some_and(|c| c.settled)
+        self.versions.get(&id).is_some_and(|c| c.settled.is_some())
     }
 
     /// The chunks in `hot` now: unsettle each settled version holding a raw chunk that
@@ -165,8 +162,7 @@ impl Store {
                 Counted {
                     stamp: node.vars.stamp(),
                     addrs,
-                    settled: false,
-                    raw: Vec::new(),
+                    settled: None,
                 },
             );
         }
@@ -613,7 +609,11 @@ mod tests {
 
     /// Versions the budget's record has not settled (HEAD among them).
     fn unsettled_count(s: &Store) -> usize {
-        s.record.versions.values().filter(|c| !c.settled).count()
+        s.record
+            .versions
+            .values()
+            .filter(|c| c.settled.is_none())
+            .count()
     }
 
     /// Every chunk of every live version is encoded, or raw and held by HEAD or the
@@ -704,7 +704,7 @@ mod tests {
                         s.record
                             .versions
                             .values()
-                            .any(|c| c.settled && !c.raw.is_empty()),
+                            .any(|c| c.settled.as_ref().is_some_and(|raw| !raw.is_empty())),
                         "versions settled holding raw chunks of HEAD"
                     );
                 }
