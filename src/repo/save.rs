@@ -179,7 +179,8 @@ fn version_object_with(
 
 /// The parents (content addresses) saved version `h` was written with, if writing it
 /// again with them keeps it readable: each is a version this store holds (written again
-/// too if a gc took it), or one it pruned whose prune marker is in the repository or,
+/// too if a gc took it), or one it pruned whose object is still in the repository, or
+/// one it pruned whose prune marker is in the repository or,
 /// if a gc deleted the marker this store saw, is added to `markers` (with its own
 /// parents, recursively). `None` otherwise: the version is then written with its
 /// parents in the history, and so gets a new content address.
@@ -204,6 +205,13 @@ fn original_parents(
         }
         let held = b.by_hash.get(&p).is_some_and(|id| hist.node(*id).is_ok());
         if held || markers.iter().any(|m| m.0 == p) {
+            continue;
+        }
+        // A version this store pruned since it saved it, whose object is still in the
+        // repository (no gc deleted or recorded it): named as it is, like a chunk or
+        // manifest a save reuses; its marker follows the refs (step 6 of a save).
+        let key = version_key(&p);
+        if b.by_hash.contains_key(&p) && !b.gone.contains(&key) && !b.gc_keys.contains(&key) {
             continue;
         }
         match b.backend.get(&pruned_key(&p)) {
