@@ -3,7 +3,7 @@
 //! fixed history are pinned here by the BLAKE3 of their bytes (version objects hold the
 //! commit time and the repository's config a random id, so they are not pinned).
 //! Manifests are the same as in format 1 (their envelope stays version 1, so versions
-//! keep their content addresses); `repo_format1_fixture` keeps a format-1 repository.
+//! keep their content addresses); `repo_format_fixtures` keeps a format-1 and a format-2 repository.
 
 mod common;
 
