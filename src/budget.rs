@@ -790,7 +790,14 @@ mod tests {
         // The next decode takes them (and reads the right bytes from reused memory).
         let snap = s.snapshot(v2).unwrap();
         assert_eq!(snap.get::<f32>("w").unwrap(), got);
-        assert_eq!(s.pooled_bytes(), 0, "the decode took the pooled buffers");
+        // At most one left: a chunk whose chain holds a difference delta decodes its
+        // base into a pooled buffer first, given back once the chunk is decoded (and
+        // taken by the next chunk's decode).
+        assert!(
+            s.pooled_bytes() <= 16 << 10,
+            "the decode took the pooled buffers: {} bytes left",
+            s.pooled_bytes()
+        );
         drop(snap);
         assert_eq!(s.snapshot(v0).unwrap().get::<f32>("w").unwrap(), want);
     }

@@ -1,4 +1,4 @@
-//! Chunks held encoded in memory (XOR deltas against a base, byte planes) and the
+//! Chunks held encoded in memory (deltas against a base, byte planes) and the
 //! encoding pass that makes them, below the store: what the memory budget
 //! ([`crate::budget`]) plans and swaps in.
 //!
@@ -549,12 +549,11 @@ fn encode_item(
         // Coding saves nothing: the chunk stays as it is.
         return None;
     }
-    let (bytes, base) = match method {
-        Method::XorPlanes => {
-            let (id, _, src) = base.expect("a delta has a base");
-            (e.into_bytes(), Some(Base { id, src }))
-        }
-        _ => (e.into_bytes(), None),
+    let (bytes, base) = if method.is_delta() {
+        let (id, _, src) = base.expect("a delta has a base");
+        (e.into_bytes(), Some(Base { id, src }))
+    } else {
+        (e.into_bytes(), None)
     };
     let enc = Arc::new(EncodedChunk::new(
         bytes.into_boxed_slice(),

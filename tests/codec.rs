@@ -8,8 +8,8 @@ mod common;
 use common::CODEC_CHUNK_LENS;
 use proptest::prelude::*;
 use tensor_history::codec::{
-    decode, decode_all, decode_chain, encode, encode_all, encode_as, CodecError, DecodeJob,
-    EncodeJob, Header, Method, DELTA_HEADER_LEN, HEADER_LEN,
+    decode, decode_all, decode_chain, encode, encode_all, encode_as, encode_with, CodecError,
+    DecodeJob, Delta, EncodeJob, Header, Method, DELTA_HEADER_LEN, HEADER_LEN,
 };
 use tensor_history::{ContentHash, DType};
 
@@ -96,6 +96,14 @@ fn values(dtype: DType, len: usize, seed: u64) -> Vec<u8> {
     out
 }
 
+/// Every method, deltas included.
+const ALL_METHODS: [Method; 4] = [
+    Method::Raw,
+    Method::Planes,
+    Method::XorPlanes,
+    Method::DiffPlanes,
+];
+
 /// `raw` after a dense "training step": every element's lowest mantissa bits changed.
 fn stepped(raw: &[u8], width: usize, seed: u64) -> Vec<u8> {
     let mut rng = Rng(seed | 1);
@@ -139,7 +147,7 @@ fn every_dtype_and_chunk_length_round_trips_bit_for_bit_through_every_method() {
         for &len in CODEC_CHUNK_LENS {
             let raw = values(dtype, len, len as u64 + 7);
             let base = stepped(&raw, dtype.size(), len as u64);
-            for method in [Method::Raw, Method::Planes, Method::XorPlanes] {
+            for method in ALL_METHODS {
                 round_trip(method, &raw, dtype.size(), &base);
             }
             // The chosen encoding too, with and without a base.
@@ -168,30 +176,106 @@ fn boolean_and_odd_widths_are_grouped_as_bytes() {
 }
 
 #[test]
-fn a_dense_step_is_stored_as_an_xor_delta_smaller_than_planes_alone() {
+fn a_dense_step_is_stored_as_a_delta_smaller_than_planes_alone() {
     let raw = values(DType::F32, 256 * 1024, 1);
     let next = stepped(&raw, 4, 2);
     let base_id = id(&raw);
-    let d = encode(&next, 4, Some((&base_id, &raw)));
-    assert_eq!(d.method(), Method::XorPlanes);
-    assert_eq!(d.base(), Some(base_id));
     let p = encode_as(Method::Planes, &next, 4, None);
-    assert!(
-        d.len() * 3 < p.len() * 2,
-        "delta {} vs planes {}",
-        d.len(),
-        p.len()
-    );
+    for (delta, method) in [
+        (Delta::Diff, Method::DiffPlanes),
+        (Delta::Xor, Method::XorPlanes),
+    ] {
+        let d = encode_with(&next, 4, Some((&base_id, &raw)), delta);
+        assert_eq!(d.method(), method);
+        assert_eq!(d.base(), Some(base_id));
+        assert!(
+            d.len() * 3 < p.len() * 2,
+            "{method} {} vs planes {}",
+            d.len(),
+            p.len()
+        );
+        assert_eq!(
+            &*decode(d.as_bytes(), &id(&next), next.len(), Some(&raw)).unwrap(),
+            &next[..]
+        );
+    }
     assert_eq!(
-        &*decode(d.as_bytes(), &id(&next), next.len(), Some(&raw)).unwrap(),
-        &next[..]
+        encode(&next, 4, Some((&base_id, &raw))).method(),
+        Method::DiffPlanes
     );
+}
+
+/// f32 weights after an optimizer-like step: each element moved by up to a relative
+/// `rel` (a different factor per element), as `bench_report`'s dense step.
+fn scaled(raw: &[u8], rel: f32, seed: u64) -> Vec<u8> {
+    let mut rng = Rng(seed | 1);
+    raw.chunks_exact(4)
+        .flat_map(|e| {
+            let x = f32::from_le_bytes(e.try_into().unwrap());
+            let u = (rng.next() % 2001) as f32 / 1000.0 - 1.0;
+            (x - rel * x * u).to_le_bytes()
+        })
+        .collect()
+}
+
+#[test]
+fn a_difference_delta_of_a_small_relative_step_is_smaller_than_its_xor_delta() {
+    // Weights of one sign and varied magnitudes, moved by up to 1e-4 of their value: the
+    // differences are a few hundred units in the last place, where the XOR also flips
+    // the high bits the subtraction carries through.
+    let mut rng = Rng(3);
+    let raw: Vec<u8> = (0..64 * 1024)
+        .flat_map(|_| (((rng.next() % 1_000_000) as f32 + 1.0) * 1e-7).to_le_bytes())
+        .collect();
+    let next = scaled(&raw, 1e-4, 4);
+    let bid = id(&raw);
+    let d = encode_as(Method::DiffPlanes, &next, 4, Some((&bid, &raw)));
+    let x = encode_as(Method::XorPlanes, &next, 4, Some((&bid, &raw)));
+    assert!(
+        d.len() * 100 < x.len() * 97,
+        "difference {} vs XOR {}",
+        d.len(),
+        x.len()
+    );
+    for e in [&d, &x] {
+        assert_eq!(
+            &*decode(e.as_bytes(), &id(&next), next.len(), Some(&raw)).unwrap(),
+            &next[..]
+        );
+    }
+}
+
+#[test]
+fn difference_deltas_wrap_and_keep_every_bit_pattern() {
+    // Elements at the ends of the integer range and across the sign: the difference
+    // wraps, its zigzag maps the extremes, and decoding gives every pattern back.
+    for width in [1usize, 2, 4, 8] {
+        let top = if width == 8 {
+            u64::MAX
+        } else {
+            (1u64 << (8 * width)) - 1
+        };
+        let half = 1u64 << (8 * width - 1);
+        let pats = [0, 1, top, top - 1, half, half - 1, half + 1, 0x55, top / 3];
+        let mut raw = Vec::new();
+        let mut base = Vec::new();
+        for a in pats {
+            for b in pats {
+                raw.extend_from_slice(&a.to_le_bytes()[..width]);
+                base.extend_from_slice(&b.to_le_bytes()[..width]);
+            }
+        }
+        raw.extend_from_slice(&[7, 9, 250][..width.min(3)]);
+        base.extend_from_slice(&[1, 200, 3][..width.min(3)]);
+        round_trip(Method::DiffPlanes, &raw, width, &base);
+    }
 }
 
 #[test]
 fn a_delta_that_saves_less_than_a_tenth_is_weighed_against_planes_alone() {
-    // A base of noise (the chunk held unrelated bytes before): the XOR is noise too, so
-    // the delta saves little, and planes alone (which code the exponents) win.
+    // A base of noise (the chunk held unrelated bytes before): the XOR and the difference
+    // are noise too, so the delta saves little, and planes alone (which code the
+    // exponents) win.
     let weights = |seed| -> Vec<u8> {
         let mut rng = Rng(seed);
         (0..64 * 1024)
@@ -202,18 +286,21 @@ fn a_delta_that_saves_less_than_a_tenth_is_weighed_against_planes_alone() {
     let base: Vec<u8> = (0..256 * 1024).map(|_| rng.next() as u8).collect();
     let raw = weights(5);
     let bid = id(&base);
-    let d = encode_as(Method::XorPlanes, &raw, 4, Some((&bid, &base)));
     let p = encode_as(Method::Planes, &raw, 4, None);
-    assert!(
-        d.len() * 10 > raw.len() * 9,
-        "the unrelated base's delta saves {} of {}",
-        raw.len() - d.len(),
-        raw.len()
-    );
-    assert!(p.len() < d.len(), "planes {} vs delta {}", p.len(), d.len());
+    for delta in [Delta::Diff, Delta::Xor] {
+        let d = encode_as(delta.method(), &raw, 4, Some((&bid, &base)));
+        assert!(
+            d.len() * 10 > raw.len() * 9,
+            "the unrelated base's delta saves {} of {}",
+            raw.len() - d.len(),
+            raw.len()
+        );
+        assert!(p.len() < d.len(), "planes {} vs delta {}", p.len(), d.len());
+        let e = encode_with(&raw, 4, Some((&bid, &base)), delta);
+        assert_eq!(e.method(), Method::Planes);
+        assert_eq!(e.len(), p.len());
+    }
     let e = encode(&raw, 4, Some((&bid, &base)));
-    assert_eq!(e.method(), Method::Planes);
-    assert_eq!(e.len(), p.len());
     assert_eq!(
         &*decode(e.as_bytes(), &id(&raw), raw.len(), None).unwrap(),
         &raw[..]
@@ -239,7 +326,7 @@ fn a_base_of_another_length_is_not_used() {
     let short = raw[..4092].to_vec();
     let sid = id(&short);
     let e = encode(&raw, 4, Some((&sid, &short)));
-    assert_ne!(e.method(), Method::XorPlanes);
+    assert!(!e.method().is_delta());
     assert_eq!(e.base(), None);
 }
 
@@ -254,15 +341,18 @@ fn encode_all_and_decode_all_match_one_by_one() {
         .iter()
         .zip(&bases)
         .zip(&bids)
-        .map(|((r, b), bid)| EncodeJob {
+        .enumerate()
+        .map(|(i, ((r, b), bid))| EncodeJob {
             raw: r,
             width: 2,
             base: Some((bid, &b[..])),
+            delta: if i % 2 == 0 { Delta::Diff } else { Delta::Xor },
         })
         .collect();
     let encoded = encode_all(&items);
-    for ((e, r), b) in encoded.iter().zip(&raws).zip(&bases) {
-        assert_eq!(*e, encode(r, 2, Some((&id(b), b))));
+    for (i, ((e, r), b)) in encoded.iter().zip(&raws).zip(&bases).enumerate() {
+        let delta = if i % 2 == 0 { Delta::Diff } else { Delta::Xor };
+        assert_eq!(*e, encode_with(r, 2, Some((&id(b), b)), delta));
     }
     let jobs: Vec<DecodeJob<'_>> = encoded
         .iter()
@@ -285,7 +375,7 @@ fn sample() -> (Vec<u8>, Vec<u8>, Vec<Vec<u8>>) {
     let base = values(DType::F32, 2048, 11);
     let raw = stepped(&base, 4, 12);
     let bid = id(&base);
-    let all = [Method::Raw, Method::Planes, Method::XorPlanes]
+    let all = ALL_METHODS
         .iter()
         .map(|&m| encode_as(m, &raw, 4, Some((&bid, &base))).into_bytes())
         .collect();
@@ -490,8 +580,19 @@ fn bytes_that_do_not_hash_to_the_id_are_an_error() {
 
 /// Versions `v[0..n]` of one chunk, each a step from the one before, and their encoded
 /// forms: `links[0]` the newest (a delta on the one before), down to `v[0]` encoded with
-/// `first` (raw or planes); each link of width `widths[k]` (cycled).
+/// `first` (raw or planes); each link of width `widths[k]` (cycled), XOR deltas.
 fn chain(n: usize, len: usize, first: Method, widths: &[usize]) -> (Vec<Vec<u8>>, Vec<Vec<u8>>) {
+    chain_of(n, len, first, widths, &[Method::XorPlanes])
+}
+
+/// [`chain`], link `k` a delta of method `deltas[k]` (cycled).
+fn chain_of(
+    n: usize,
+    len: usize,
+    first: Method,
+    widths: &[usize],
+    deltas: &[Method],
+) -> (Vec<Vec<u8>>, Vec<Vec<u8>>) {
     let mut v = vec![values(DType::F32, len, 41)];
     for k in 1..n {
         let next = stepped(&v[k - 1], 4, 100 + k as u64);
@@ -504,7 +605,8 @@ fn chain(n: usize, len: usize, first: Method, widths: &[usize]) -> (Vec<Vec<u8>>
                 encode_as(first, &v[0], w, None).into_bytes()
             } else {
                 let b = id(&v[k - 1]);
-                encode_as(Method::XorPlanes, &v[k], w, Some((&b, &v[k - 1]))).into_bytes()
+                let m = deltas[k % deltas.len()];
+                encode_as(m, &v[k], w, Some((&b, &v[k - 1]))).into_bytes()
             }
         })
         .collect();
@@ -514,30 +616,34 @@ fn chain(n: usize, len: usize, first: Method, widths: &[usize]) -> (Vec<Vec<u8>>
 
 #[test]
 fn a_chain_decodes_in_one_pass_to_every_version_bit_for_bit() {
+    let (xor, diff) = (Method::XorPlanes, Method::DiffPlanes);
     for first in [Method::Raw, Method::Planes] {
-        // One width throughout (the one-pass path) and mixed widths (decoded apart).
+        // One width throughout (the one-pass path) and mixed widths (decoded apart);
+        // XOR deltas only, difference deltas only, and the two mixed.
         for widths in [&[4usize][..], &[4, 2], &[1, 4, 8]] {
-            for len in [0usize, 3, 64, 1001, 4096] {
-                let n = 9;
-                let (v, links) = chain(n, len, first, widths);
-                let refs: Vec<&[u8]> = links.iter().map(|l| &l[..]).collect();
-                for k in 0..n {
-                    // Version k is links[n - 1 - k..].
-                    let from = n - 1 - k;
-                    let back = decode_chain(&refs[from..], None, &id(&v[k]), len)
-                        .unwrap_or_else(|e| panic!("{first} {widths:?} len {len} v{k}: {e}"));
-                    assert_eq!(&*back, &v[k][..], "{first} {widths:?} len {len} v{k}");
-                    assert_eq!(back.as_ptr() as usize % 8, 0);
-                    // Cut short at any link, with that link's base given raw.
-                    for stop in from + 1..n {
-                        let back = decode_chain(
-                            &refs[from..stop],
-                            Some(&v[n - 1 - stop]),
-                            &id(&v[k]),
-                            len,
-                        )
-                        .unwrap();
-                        assert_eq!(&*back, &v[k][..]);
+            for deltas in [&[xor][..], &[diff], &[xor, diff], &[diff, diff, xor]] {
+                for len in [0usize, 3, 64, 1001, 4096] {
+                    let n = 9;
+                    let (v, links) = chain_of(n, len, first, widths, deltas);
+                    let refs: Vec<&[u8]> = links.iter().map(|l| &l[..]).collect();
+                    for k in 0..n {
+                        // Version k is links[n - 1 - k..].
+                        let from = n - 1 - k;
+                        let back = decode_chain(&refs[from..], None, &id(&v[k]), len)
+                            .unwrap_or_else(|e| panic!("{first} {widths:?} len {len} v{k}: {e}"));
+                        assert_eq!(&*back, &v[k][..], "{first} {widths:?} len {len} v{k}");
+                        assert_eq!(back.as_ptr() as usize % 8, 0);
+                        // Cut short at any link, with that link's base given raw.
+                        for stop in from + 1..n {
+                            let back = decode_chain(
+                                &refs[from..stop],
+                                Some(&v[n - 1 - stop]),
+                                &id(&v[k]),
+                                len,
+                            )
+                            .unwrap();
+                            assert_eq!(&*back, &v[k][..]);
+                        }
                     }
                 }
             }
@@ -547,31 +653,41 @@ fn a_chain_decodes_in_one_pass_to_every_version_bit_for_bit() {
 
 #[test]
 fn a_chain_missing_its_end_names_the_base_it_needs() {
-    let (v, links) = chain(4, 512, Method::Planes, &[4]);
-    let refs: Vec<&[u8]> = links.iter().map(|l| &l[..]).collect();
-    let r = decode_chain(&refs[..2], None, &id(&v[3]), 512);
-    assert_eq!(r.unwrap_err(), CodecError::MissingBase { base: id(&v[1]) });
-    let r = decode_chain(&refs[..2], Some(&v[1][..100]), &id(&v[3]), 512);
-    assert!(matches!(r, Err(CodecError::BaseLength { .. })), "{r:?}");
+    for deltas in [&[Method::XorPlanes][..], &[Method::DiffPlanes]] {
+        let (v, links) = chain_of(4, 512, Method::Planes, &[4], deltas);
+        let refs: Vec<&[u8]> = links.iter().map(|l| &l[..]).collect();
+        let r = decode_chain(&refs[..2], None, &id(&v[3]), 512);
+        assert_eq!(r.unwrap_err(), CodecError::MissingBase { base: id(&v[1]) });
+        let r = decode_chain(&refs[..2], Some(&v[1][..100]), &id(&v[3]), 512);
+        assert!(matches!(r, Err(CodecError::BaseLength { .. })), "{r:?}");
+    }
 }
 
 #[test]
 fn a_chain_link_of_another_length_is_an_error() {
-    let (v, links) = chain(3, 512, Method::Planes, &[4]);
-    let other = encode_as(Method::Planes, &values(DType::F32, 256, 3), 4, None).into_bytes();
-    let r = decode_chain(&[&links[0], &other], None, &id(&v[2]), 512);
-    assert_eq!(
-        r.unwrap_err(),
-        CodecError::BaseLength {
-            expected: 512,
-            found: 256
-        }
-    );
+    for deltas in [&[Method::XorPlanes][..], &[Method::DiffPlanes]] {
+        let (v, links) = chain_of(3, 512, Method::Planes, &[4], deltas);
+        let other = encode_as(Method::Planes, &values(DType::F32, 256, 3), 4, None).into_bytes();
+        let r = decode_chain(&[&links[0], &other], None, &id(&v[2]), 512);
+        assert_eq!(
+            r.unwrap_err(),
+            CodecError::BaseLength {
+                expected: 512,
+                found: 256
+            }
+        );
+    }
 }
 
 #[test]
 fn a_damaged_link_anywhere_in_a_chain_is_an_error_never_other_bytes() {
-    let (v, links) = chain(4, 1024, Method::Planes, &[4]);
+    let (v, links) = chain_of(
+        4,
+        1024,
+        Method::Planes,
+        &[4],
+        &[Method::DiffPlanes, Method::XorPlanes],
+    );
     for (l, link) in links.iter().enumerate() {
         for i in (0..link.len()).step_by(7) {
             let mut bad = links.clone();
@@ -602,7 +718,7 @@ proptest! {
                 base[i] ^= x;
             }
         }
-        for method in [Method::Raw, Method::Planes, Method::XorPlanes] {
+        for method in ALL_METHODS {
             round_trip(method, &raw, width, &base);
         }
         let bid = id(&base);
@@ -623,7 +739,7 @@ proptest! {
             raw.extend_from_slice(&sp[p.index(sp.len())].to_le_bytes()[..dtype.size()]);
         }
         let base = stepped(&raw, dtype.size(), picks.len() as u64);
-        for method in [Method::Raw, Method::Planes, Method::XorPlanes] {
+        for method in ALL_METHODS {
             round_trip(method, &raw, dtype.size(), &base);
         }
     }
@@ -655,9 +771,13 @@ fn a_chain_at_its_bound_of_every_width_decodes_special_values_bit_for_bit() {
                 vec![encode_as(Method::Planes, &v[0], w, None).into_bytes()];
             for k in 1..9 {
                 let b = id(&v[k - 1]);
-                links.push(
-                    encode_as(Method::XorPlanes, &v[k], w, Some((&b, &v[k - 1]))).into_bytes(),
-                );
+                // Difference deltas, and one XOR link inside the chain.
+                let m = if k == 4 {
+                    Method::XorPlanes
+                } else {
+                    Method::DiffPlanes
+                };
+                links.push(encode_as(m, &v[k], w, Some((&b, &v[k - 1]))).into_bytes());
             }
             links.reverse();
             let refs: Vec<&[u8]> = links.iter().map(|l| &l[..]).collect();

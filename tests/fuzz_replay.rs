@@ -58,7 +58,7 @@ const TARGETS: &[(&str, Runner, usize)] = &[
     ("store_actions", store_actions, 1),
     ("repo_object", repo_object, 9),
     ("safetensors_import", safetensors_import, 7),
-    ("chunk_decode", chunk_decode, 10),
+    ("chunk_decode", chunk_decode, 29),
 ];
 
 #[test]
@@ -126,16 +126,23 @@ fn committed_chunk_seeds_reach_the_decoders_hash_check() {
         }
     }
     // Every method, and deltas with planes both raw and zstd-coded.
-    for m in [Method::Raw, Method::Planes, Method::XorPlanes] {
+    for m in [
+        Method::Raw,
+        Method::Planes,
+        Method::XorPlanes,
+        Method::DiffPlanes,
+    ] {
         assert!(
             methods.iter().any(|s| s.0 == m),
             "no seed of {m}: {methods:?}"
         );
     }
-    assert!(
-        methods.iter().any(|&(m, w, raw)| m == Method::XorPlanes
-            && raw != 0
-            && u32::from(raw) != (1u32 << w) - 1),
-        "no delta seed with mixed planes: {methods:?}"
-    );
+    for delta in [Method::XorPlanes, Method::DiffPlanes] {
+        assert!(
+            methods
+                .iter()
+                .any(|&(m, w, raw)| m == delta && raw != 0 && u32::from(raw) != (1u32 << w) - 1),
+            "no {delta} seed with mixed planes: {methods:?}"
+        );
+    }
 }

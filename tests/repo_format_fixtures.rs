@@ -333,21 +333,81 @@ fn a_format_2_repository_opens_and_reads_every_version_bit_for_bit() {
     );
 }
 
+/// Every pack file of the repository at `dir`: (envelope version, bytes).
+fn packs(dir: &Path) -> Vec<(u16, Vec<u8>)> {
+    let mut out = Vec::new();
+    for sub in std::fs::read_dir(dir.join("packs")).unwrap() {
+        for f in std::fs::read_dir(sub.unwrap().path()).unwrap() {
+            let bytes = std::fs::read(f.unwrap().path()).unwrap();
+            out.push((u16::from_le_bytes([bytes[8], bytes[9]]), bytes));
+        }
+    }
+    out
+}
+
+/// Whether `pack` holds a chunk coded as a difference delta: the codec header of one
+/// (codec version 2, method 3, an element width, raw-plane flags within it, a raw
+/// length of at most 1 MiB) at some offset. Random bytes match it with a chance of
+/// about 2^-50 per offset.
+fn holds_difference_deltas(pack: &[u8]) -> bool {
+    pack.windows(12).any(|h| {
+        let w = h[2];
+        let len = u64::from_le_bytes(h[4..12].try_into().unwrap());
+        h[0] == 2
+            && h[1] == 3
+            && matches!(w, 1 | 2 | 4 | 8)
+            && u32::from(h[3]) < 1 << w
+            && (1..=1 << 20).contains(&len)
+    })
+}
+
 #[test]
 fn a_format_2_repository_takes_saves_and_stays_format_2() {
     let dir = fixture_copy(2);
-    let mut store = Store::open(dir.path()).unwrap();
+    // A budget of 0: the store holds its older versions coded (as difference deltas),
+    // which a save into format 2 must not write as they are.
+    let mut store = Store::open_with(
+        dir.path(),
+        Config {
+            memory_budget: Some(0),
+            ..Config::default()
+        },
+    )
+    .unwrap();
     let mut want = build_with(true);
-    for step in [4, 5] {
+    for step in 4..10 {
         for s in [&mut store, &mut want] {
             set(s, "big", &big_values(step));
             set(s, "bigh", &bigh_values(step));
             s.commit(&format!("step {step}")).unwrap();
         }
-        store.save().unwrap();
     }
+    // The versions not saved yet are coded in memory before the save.
+    store.enforce_memory_budget();
+    let saved = store.save().unwrap();
+    assert!(saved.chunks_written_as_held > 0, "{saved:?}");
     assert_eq!(config_version(dir.path()), 2);
+    let packs = packs(dir.path());
+    assert!(packs.len() > 1, "the saves wrote packs");
+    for (version, bytes) in &packs {
+        assert_eq!(*version, 2);
+        assert!(!holds_difference_deltas(bytes));
+    }
     let again = Store::open(dir.path()).unwrap();
     again.verify().unwrap();
     assert_same_history(&again, &want);
+}
+
+#[test]
+fn a_new_repository_is_format_3_and_stores_difference_deltas() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = build_with(true);
+    s.save_as(dir.path()).unwrap();
+    assert_eq!(config_version(dir.path()), 3);
+    let packs = packs(dir.path());
+    assert!(packs.iter().all(|(v, _)| *v == 3));
+    assert!(packs.iter().any(|(_, b)| holds_difference_deltas(b)));
+    let again = Store::open(dir.path()).unwrap();
+    again.verify().unwrap();
+    assert_same_history(&again, &build_with(true));
 }

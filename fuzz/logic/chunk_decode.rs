@@ -6,12 +6,13 @@
 //! chunk, decoded with a 64 KiB bound against a fixed pattern as long as the header
 //! states (or no base, when bit 6 is set) and checked against an id (the BLAKE3 of the input), which only the right
 //! bytes can match. With the high bit set the rest is a raw chunk: it is encoded
-//! (element width from the low bits, against a base derived from it) and must decode to
-//! itself, also after the encoded form is cut at a point the next input byte picks.
+//! (element width from the low bits, a difference delta or, with bit 2 set, an XOR
+//! delta against a base derived from it) and must decode to itself, also after the
+//! encoded form is cut at a point the next input byte picks.
 //! Shared by the cargo-fuzz target
 //! and `tests/fuzz_replay.rs`.
 
-use tensor_history::codec::{decode, encode, CodecError, Header};
+use tensor_history::codec::{decode, encode_with, CodecError, Delta, Header};
 use tensor_history::ContentHash;
 
 /// The bound on decoded lengths.
@@ -49,7 +50,12 @@ pub fn run(data: &[u8]) {
     let base = base_for(raw);
     let bid = ContentHash::of_bytes(&base);
     let id = ContentHash::of_bytes(raw);
-    let e = encode(raw, width, Some((&bid, &base)));
+    let delta = if select & 4 == 0 {
+        Delta::Diff
+    } else {
+        Delta::Xor
+    };
+    let e = encode_with(raw, width, Some((&bid, &base)), delta);
     let back = decode(e.as_bytes(), &id, raw.len(), Some(&base)).expect("an encoded chunk decodes");
     assert_eq!(&*back, raw, "a round trip changed the bytes");
     let at = usize::from(cut) * e.len() / 256;

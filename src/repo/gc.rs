@@ -65,7 +65,7 @@ pub struct GcOptions {
     /// after a run that crashed, and a shorter one lets a large run delete less.
     #[serde(default = "default_delete_within")]
     pub delete_within: Duration,
-    /// Also code chunks stored whole (raw or byte planes) again as XOR deltas against
+    /// Also code chunks stored whole (raw or byte planes) again as deltas against
     /// the chunk at the same index of the same variable in their version's first
     /// parent, where that saves at least 4%, rewriting each pack whose rewrite is at
     /// most [`REBASE_BELOW`](crate::REBASE_BELOW) of its bytes (default `false`). For
@@ -116,7 +116,7 @@ pub struct GcStats {
     /// Packs rewritten: mostly-dead ones with only their live chunks, and (with
     /// [`GcOptions::rebase`]) those whose chunks were re-based.
     pub packs_rewritten: usize,
-    /// Chunks stored whole that were written again as XOR deltas ([`GcOptions::rebase`]).
+    /// Chunks stored whole that were written again as deltas ([`GcOptions::rebase`]).
     #[serde(default)]
     pub chunks_rebased: usize,
     /// Bytes of the packs those rewrites replaced, and of the packs written for them.
@@ -610,7 +610,13 @@ fn repack(
     {
         let ids: Vec<ContentHash> = chunks.iter().map(|c| c.0).collect();
         let coded = match rebased {
-            Some(r) => code_pack(backend, &r.served, &r.planned, &ids)?,
+            Some(r) => code_pack(
+                backend,
+                &r.served,
+                &r.planned,
+                &ids,
+                super::format::delta_in(b.chunks.format()),
+            )?,
             None => HashMap::new(),
         };
         let before: u64 = packs.chunks[pack].iter().map(|c| c.1.stored_len()).sum();

@@ -16,7 +16,8 @@
 //!
 //! A chunk's raw bytes (what its id, the BLAKE3 of those bytes, names) become the bytes a
 //! pack stores in one function, [`store_chunks`] (raw in format 1; raw, byte planes or
-//! an XOR delta against a base in format 2, chosen by the codec), and the stored bytes
+//! a delta against a base in formats 2 and 3, chosen by the codec: an XOR delta in
+//! format 2, a difference delta in format 3), and the stored bytes
 //! are read by [`read_stored`] (bounded by what the entry's [`Form`] allows) and, for
 //! raw chunks, checked by [`check_raw`]; coded chunks are decoded with their chain by
 //! the chunk source (`chunks.rs`). What an entry records of a stored chunk is the
@@ -33,12 +34,12 @@ use serde::{Deserialize, Serialize};
 
 use super::backend::{Backend, Bytes};
 use super::format::{
-    check_header, corrupt, header_in, id_of_key, pack_key, Kind, RawHash, Wire, FORMAT_V1,
-    HEADER_LEN, PACKS_PREFIX, TRAILER_LEN,
+    check_header, corrupt, delta_in, header_in, id_of_key, pack_key, Kind, RawHash, Wire,
+    FORMAT_V1, FORMAT_V2, HEADER_LEN, PACKS_PREFIX, TRAILER_LEN,
 };
 use crate::buffer::AlignedBuf;
 use crate::chunk::Chunk;
-use crate::codec::{encode_all, EncodeJob, Method};
+use crate::codec::{encode_all, EncodeJob, Header, Method};
 use crate::error::{Error, Result};
 use crate::hash::ContentHash;
 
@@ -48,7 +49,7 @@ pub(crate) const PACK_ALIGN: usize = 64;
 /// Packs are cut at about this size.
 pub(crate) const PACK_TARGET_BYTES: usize = 32 << 20;
 
-/// Writers store a chunk as an XOR delta only when its chain (the chunk, its base, the
+/// Writers store a chunk as a delta only when its chain (the chunk, its base, the
 /// base's base, ... down to a full chunk) has at most this many links: a full chunk
 /// at least every 8 versions of a tensor. Reading a chunk decodes its whole chain
 /// (measured on 256 KiB f32 chunks: 0.44 ms at depth 0, 1.6 ms at depth 8, one
@@ -68,7 +69,7 @@ pub(crate) enum Form {
     Raw,
     /// The chunk's encoded form (`codec.rs`): byte planes, zstd-coded.
     Planes,
-    /// The chunk's encoded form: an XOR delta against the chunk of this id (of the same
+    /// The chunk's encoded form: a delta (XOR or difference) against the chunk of this id (of the same
     /// raw length), byte planes, zstd-coded.
     Delta(RawHash),
 }
@@ -312,12 +313,12 @@ pub(crate) type ToEncode<'a> = (
 );
 
 /// The stored forms of chunks (id, raw bytes, element width, base) in a repository of
-/// format `format`: raw in format 1; in format 2 encoded in parallel by
+/// format `format`: raw in format 1; in formats 2 and 3 encoded in parallel by
 /// [`codec::encode_all`](crate::codec::encode_all), which keeps a coded form (planes,
-/// or an XOR delta against the base) only when it saves at least
-/// 1/[`MIN_SAVING_DIVISOR`](crate::codec::MIN_SAVING_DIVISOR) of the chunk. The one way
-/// into a pack (see the module docs). O(total bytes / threads).
-/// With `code` false every chunk is stored raw (a pack of format 2 may hold raw chunks
+/// or a delta against the base: XOR in format 2, difference in format 3) only when it
+/// saves at least 1/[`MIN_SAVING_DIVISOR`](crate::codec::MIN_SAVING_DIVISOR) of the
+/// chunk. The one way into a pack (see the module docs). O(total bytes / threads).
+/// With `code` false every chunk is stored raw (a coded pack may hold raw chunks
 /// only).
 pub(crate) fn store_chunks<'a>(
     format: u16,
@@ -333,6 +334,7 @@ pub(crate) fn store_chunks<'a>(
             raw,
             width: *width,
             base: base.as_ref().map(|(h, b)| (h, *b)),
+            delta: delta_in(format),
         })
         .collect();
     let encoded = encode_all(&jobs);
@@ -346,7 +348,7 @@ pub(crate) fn store_chunks<'a>(
                 bytes: Cow::Owned(e.into_bytes()),
                 form: Form::Planes,
             },
-            (Method::XorPlanes, Some(base)) => Stored {
+            (m, Some(base)) if m.is_delta() => Stored {
                 id: c.0,
                 raw_len: c.1.len() as u64,
                 bytes: Cow::Owned(e.into_bytes()),
@@ -584,8 +586,17 @@ fn gather_packs<'a>(
             end += 1;
         }
         let group = &chunks[start..end];
-        // Chunks held coded are written as they are (when this save codes at all).
-        let coded = |c: &NewChunk<'a>| c.coded.filter(|_| code && format != FORMAT_V1);
+        // Chunks held coded are written as they are (when this save codes at all, and
+        // the repository's format has their encoding: a format 2 repository takes no
+        // difference delta).
+        let coded = |c: &NewChunk<'a>| {
+            c.coded.filter(|(bytes, _)| {
+                code && format != FORMAT_V1
+                    && (format > FORMAT_V2
+                        || Header::parse(bytes, usize::MAX)
+                            .is_ok_and(|h| h.method != Method::DiffPlanes))
+            })
+        };
         for c in group.iter().filter(|c| coded(c).is_none()) {
             c.chunk.load()?;
             if let Some((_, b)) = &c.base {
@@ -810,11 +821,45 @@ mod tests {
         want.extend_from_slice(&[64, 5, 0xac, 0x02, 2]);
         want.extend_from_slice(&[9u8; 32]);
         assert_eq!(entries_wire(&[d], 2), want);
-        for format in [FORMAT_V1, 2] {
+        for format in [FORMAT_V1, FORMAT_V2, FORMAT_VERSION] {
             let bytes = entries_wire(&[e], format);
             assert_eq!(take_entries(&bytes, format).unwrap().0, vec![e]);
         }
         assert_eq!(take_entries(&want, 2).unwrap().0, vec![d]);
+    }
+
+    #[test]
+    fn a_format_2_pack_stores_xor_deltas_and_a_format_3_pack_difference_deltas() {
+        // f32 weights, each moved by a small relative step: a delta against the base
+        // saves most of the chunk in both formats.
+        let base: Vec<u8> = (0..16_384u32)
+            .flat_map(|i| (((i * 7919) % 10_007) as f32 * 1e-5 + 0.01).to_le_bytes())
+            .collect();
+        let raw: Vec<u8> = base
+            .chunks_exact(4)
+            .enumerate()
+            .flat_map(|(i, e)| {
+                let x = f32::from_le_bytes(e.try_into().unwrap());
+                (x * (1.0 + (i % 13) as f32 * 1e-5)).to_le_bytes()
+            })
+            .collect();
+        let (bid, id) = (ContentHash::of_bytes(&base), ContentHash::of_bytes(&raw));
+        for (format, want) in [
+            (FORMAT_V2, Method::XorPlanes),
+            (FORMAT_VERSION, Method::DiffPlanes),
+        ] {
+            let stored = store_chunks(format, &[(id, &raw[..], 4, Some((bid, &base[..])))], true);
+            assert_eq!(stored[0].form, Form::Delta(bid.0), "format {format}");
+            let header = Header::parse(&stored[0].bytes, raw.len()).unwrap();
+            assert_eq!(header.method, want, "format {format}");
+            assert!(stored[0].bytes.len() < raw.len() / 2, "format {format}");
+        }
+        let v1 = store_chunks(
+            FORMAT_V1,
+            &[(id, &raw[..], 4, Some((bid, &base[..])))],
+            true,
+        );
+        assert_eq!(v1[0].form, Form::Raw);
     }
 
     #[test]

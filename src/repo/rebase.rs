@@ -1,5 +1,5 @@
 //! gc's re-basing (`GcOptions::rebase`): chunks stored whole (raw or byte planes) are
-//! coded again as XOR deltas against the chunk at the same index of the same variable in
+//! coded again as deltas (the repository format's: XOR in format 2, difference in 3) against the chunk at the same index of the same variable in
 //! their version's first parent, where that is smaller, and their packs rewritten.
 //!
 //! What stores chunks whole: repositories saved before the codec (format 1 upgraded is
@@ -32,7 +32,7 @@ use super::chunks::MAX_READ_CHAIN;
 use super::format::{corrupt, pack_key, Manifest};
 use super::pack::{read_stored, Form, Loc, MAX_DELTA_CHAIN};
 use crate::buffer::Bytes;
-use crate::codec::{self, Method, MIN_SAVING_DIVISOR};
+use crate::codec::{self, MIN_SAVING_DIVISOR};
 use crate::error::{Error, Result};
 use crate::hash::ContentHash;
 
@@ -264,13 +264,15 @@ pub(crate) type Delta = (ContentHash, Vec<u8>);
 
 /// Code the planned chunks of one pack as deltas against their bases, in parallel: each
 /// chunk whose delta is at least 1/[`MIN_SAVING_DIVISOR`] smaller than its stored form,
-/// with its base and that delta's encoded bytes. A chunk or base that cannot be read is an error
-/// (gc then deletes nothing).
+/// with its base and that delta's encoded bytes (`delta`: the one the repository's
+/// format stores). A chunk or base that cannot be read is an error (gc then deletes
+/// nothing).
 pub(crate) fn code_pack(
     backend: &dyn Backend,
     served: &HashMap<ContentHash, Loc>,
     planned: &HashMap<ContentHash, Planned>,
     chunks: &[ContentHash],
+    delta: codec::Delta,
 ) -> Result<HashMap<ContentHash, Delta>> {
     let jobs: Vec<(ContentHash, Planned, u64)> = chunks
         .iter()
@@ -282,10 +284,9 @@ pub(crate) fn code_pack(
                 |(c, p, stored_len)| -> Result<Option<(ContentHash, Delta)>> {
                     let raw = load_raw(backend, served, *c, p.len)?;
                     let base = load_raw(backend, served, p.base, p.len)?;
-                    let e =
-                        codec::encode_as(Method::XorPlanes, &raw, p.width, Some((&p.base, &base)));
+                    let e = codec::encode_as(delta.method(), &raw, p.width, Some((&p.base, &base)));
                     let limit = stored_len - stored_len / MIN_SAVING_DIVISOR as u64;
-                    Ok((e.method() == Method::XorPlanes && e.len() as u64 <= limit)
+                    Ok((e.method().is_delta() && e.len() as u64 <= limit)
                         .then(|| (*c, (p.base, e.into_bytes()))))
                 },
             )

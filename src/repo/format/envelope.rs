@@ -9,10 +9,26 @@ use crate::hash::ContentHash;
 
 /// The repository format version this build creates repositories with (`config.json`),
 /// and the highest it reads. Version 2 records each chunk's stored form (raw, planes or
-/// XOR delta) in pack footers and index files; manifests, versions and gc records did
-/// not change and keep envelope version [`FORMAT_V1`], so their ids (and the versions'
-/// content addresses) are the same in repositories of either version.
-pub(crate) const FORMAT_VERSION: u16 = 2;
+/// delta) in pack footers and index files; version 3 has the same objects and adds
+/// difference deltas ([`crate::codec::Method::DiffPlanes`]) to the chunk encodings
+/// packs may hold. Manifests, versions and gc records did not change and keep envelope
+/// version [`FORMAT_V1`], so their ids (and the versions' content addresses) are the
+/// same in repositories of every version.
+pub(crate) const FORMAT_VERSION: u16 = 3;
+
+/// Format version 2: chunks raw, as byte planes or as XOR deltas. Repositories of this
+/// version are read, and written to in this version (no difference deltas), so that
+/// the builds that wrote them keep reading them.
+pub(crate) const FORMAT_V2: u16 = 2;
+
+/// The delta the packs of a repository of format `format` may hold.
+pub(crate) fn delta_in(format: u16) -> crate::codec::Delta {
+    if format > FORMAT_V2 {
+        crate::codec::Delta::Diff
+    } else {
+        crate::codec::Delta::Xor
+    }
+}
 
 /// Format version 1: raw chunks only. Repositories of this version are read, and
 /// written to in this version (raw chunks), so that the builds that wrote them keep
@@ -52,7 +68,8 @@ impl Kind {
 
 impl Kind {
     /// The envelope versions readers accept for objects of this kind: packs and index
-    /// files changed in version 2, the others did not.
+    /// files changed in version 2 (and may hold difference deltas from version 3), the
+    /// others did not.
     fn reads(self, version: u16) -> bool {
         match self {
             Kind::Pack | Kind::Index => (FORMAT_V1..=FORMAT_VERSION).contains(&version),
