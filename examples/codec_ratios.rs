@@ -11,11 +11,14 @@
 //! - `xor+zstd`: every chunk XOR-ed with the same chunk of the previous checkpoint, then
 //!   zstd, no planes (the first checkpoint plain zstd);
 //! - `codec`: `tensor_history::codec::encode` with the previous checkpoint's chunk as
-//!   base (XOR + planes + zstd where that saves most, the first checkpoint planes).
+//!   base (difference delta + planes + zstd where that saves most, the first
+//!   checkpoint planes): what format 3 repositories and the memory budget store;
+//! - `codec_xor`: the same with XOR deltas (`Delta::Xor`), what format 2 stores.
 //!
 //! Output: one tab-separated line per sequence and method: raw bytes, coded bytes, and
-//! raw / coded; then single-thread encode and decode rates of the codec (noise on a
-//! loaded machine: compare only the ratios). Every coded chunk is decoded and compared.
+//! raw / coded; then single-thread encode and decode rates of the codec with each delta,
+//! measured alternately in the same run (noise on a loaded machine: compare only the
+//! ratios). Every coded chunk is decoded and compared.
 //! A sequence whose checkpoints are not all there (`--steps 10` writes the first only)
 //! is skipped with a note.
 //!
@@ -29,7 +32,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use safetensors::SafeTensors;
-use tensor_history::codec::{decode, encode};
+use tensor_history::codec::{decode, encode, encode_with, Delta};
 use tensor_history::ContentHash;
 
 const CHUNK: usize = 256 * 1024;
@@ -78,7 +81,9 @@ fn main() -> Result<(), Box<dyn Error>> {
         ("every_5_steps", (1..=10).map(|i| i * 5).collect()),
     ];
     println!("sequence\tdtype\tmethod\traw_bytes\tcoded_bytes\tratio");
-    let (mut enc_time, mut dec_time, mut timed_bytes) = (Duration::ZERO, Duration::ZERO, 0usize);
+    // Encode and decode time of each delta ([difference, XOR]).
+    let (mut enc_time, mut dec_time) = ([Duration::ZERO; 2], [Duration::ZERO; 2]);
+    let mut timed_bytes = 0usize;
     for (seq, steps) in &seqs {
         let last = dir.join(format!("step-{:04}.safetensors", steps[steps.len() - 1]));
         if !last.exists() {
@@ -88,7 +93,8 @@ fn main() -> Result<(), Box<dyn Error>> {
         for bf16 in [false, true] {
             let dtype = if bf16 { "bf16" } else { "f32" };
             let width = if bf16 { 2 } else { 4 };
-            let (mut raw, mut plain, mut planes, mut xor, mut codec) = (0, 0, 0, 0, 0);
+            let (mut raw, mut plain, mut planes, mut xor) = (0, 0, 0, 0);
+            let mut codec = [0usize; 2];
             let mut prev: Option<Checkpoint> = None;
             for s in steps {
                 let ck = load(&dir.join(format!("step-{s:04}.safetensors")), bf16)?;
@@ -104,16 +110,19 @@ fn main() -> Result<(), Box<dyn Error>> {
                     };
                     xor += zstd3(&x);
                     let bid = base.map(ContentHash::of_bytes);
-                    let t0 = Instant::now();
-                    let e = encode(c, width, bid.as_ref().zip(base));
-                    let t1 = Instant::now();
-                    let back = decode(e.as_bytes(), &ContentHash::of_bytes(c), c.len(), base)?;
-                    let t2 = Instant::now();
-                    enc_time += t1 - t0;
-                    dec_time += t2 - t1;
+                    for (k, delta) in [Delta::Diff, Delta::Xor].into_iter().enumerate() {
+                        let t0 = Instant::now();
+                        let e = encode_with(c, width, bid.as_ref().zip(base), delta);
+                        let t1 = Instant::now();
+                        let back =
+                            decode(e.as_bytes(), &ContentHash::of_bytes(c), c.len(), base)?;
+                        let t2 = Instant::now();
+                        enc_time[k] += t1 - t0;
+                        dec_time[k] += t2 - t1;
+                        assert_eq!(&*back, &c[..], "a decoded chunk differs");
+                        codec[k] += e.len();
+                    }
                     timed_bytes += c.len();
-                    assert_eq!(&*back, &c[..], "a decoded chunk differs");
-                    codec += e.len();
                 }
                 prev = Some(ck);
             }
@@ -122,7 +131,8 @@ fn main() -> Result<(), Box<dyn Error>> {
                 ("zstd", plain),
                 ("planes", planes),
                 ("xor+zstd", xor),
-                ("codec", codec),
+                ("codec", codec[0]),
+                ("codec_xor", codec[1]),
             ] {
                 println!(
                     "{seq}\t{dtype}\t{m}\t{raw}\t{v}\t{:.3}",
@@ -132,10 +142,13 @@ fn main() -> Result<(), Box<dyn Error>> {
         }
     }
     let mb = timed_bytes as f64 / 1e6;
-    eprintln!(
-        "codec, one thread: encode {:.0} MB/s, decode {:.0} MB/s (decode includes the BLAKE3 check)",
-        mb / enc_time.as_secs_f64(),
-        mb / dec_time.as_secs_f64()
-    );
+    for (k, name) in ["difference deltas", "XOR deltas"].iter().enumerate() {
+        eprintln!(
+            "codec with {name}, one thread: encode {:.0} MB/s, decode {:.0} MB/s (decode \
+             includes the BLAKE3 check)",
+            mb / enc_time[k].as_secs_f64(),
+            mb / dec_time[k].as_secs_f64()
+        );
+    }
     Ok(())
 }

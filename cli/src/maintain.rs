@@ -60,7 +60,7 @@ pub(crate) struct GcArgs {
     #[arg(long)]
     dry_run: bool,
     /// Also store chunks that were saved whole (DCP saves, parts, histories saved
-    /// without deltas) as XOR deltas against their parent version's chunks where that
+    /// without deltas) as deltas against their parent version's chunks where that
     /// is smaller, rewriting their packs (decodes and encodes those chunks).
     #[arg(long, conflicts_with = "dry_run")]
     rebase: bool,

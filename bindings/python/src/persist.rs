@@ -280,7 +280,7 @@ pub(crate) struct PyGcStats {
     /// Packs rewritten: mostly-dead ones with only their live chunks, and (with
     /// `rebase`) those whose chunks were re-based.
     packs_rewritten: usize,
-    /// Chunks stored whole that were written again as XOR deltas (`rebase`).
+    /// Chunks stored whole that were written again as deltas (`rebase`).
     chunks_rebased: usize,
     /// Bytes of the packs rewritten, before and after.
     rewritten_bytes_before: u64,

@@ -243,7 +243,7 @@ impl PyStore {
     /// An empty store. `chunk_bytes`: largest chunk (default 256 KiB); `max_versions`:
     /// keep at most this many versions per branch (default: all); `recycle_bytes`: freed
     /// chunk buffers kept for reuse; `memory_budget`: bytes of history held in memory
-    /// past which old versions are kept encoded (lossless XOR deltas, default: none).
+    /// past which old versions are kept encoded (lossless deltas, default: none).
     #[new]
     #[pyo3(signature = (*, chunk_bytes = None, max_versions = None, recycle_bytes = None, memory_budget = None))]
     fn new(
@@ -402,7 +402,7 @@ impl PyStore {
     /// 30): how long the run may go on deleting once it announced its deletions; a save
     /// that writes again what the run may delete waits until the run is done or past
     /// this deadline. `rebase`: also store chunks that were saved whole (DCP saves,
-    /// parts) as XOR deltas against their parent version's chunks where that is smaller,
+    /// parts) as deltas against their parent version's chunks where that is smaller,
     /// rewriting their packs (not tried by a dry run). GIL released.
     #[pyo3(signature = (*, grace = None, repack_below = None, dry_run = false, delete_within = None, rebase = false))]
     fn gc(

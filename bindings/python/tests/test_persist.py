@@ -124,7 +124,7 @@ def test_dense_steps_are_saved_as_deltas_and_stats_report_raw_and_stored_bytes(t
     s.commit("step 1")
     second = s.save()
     assert second.chunk_bytes_raw == w.nbytes
-    # A dense step stored as XOR deltas takes well under its raw bytes.
+    # A dense step stored as deltas takes well under its raw bytes.
     assert second.chunk_bytes_stored * 3 < second.chunk_bytes_raw * 2
     assert "chunk_bytes_stored=" in repr(second)
     r = th.Store.open(tmp_path)

@@ -471,7 +471,7 @@ def test_a_memory_budget_keeps_old_versions_encoded_and_reads_them_back():
     held = s.enforce_memory_budget()
     st = s.stats()
     assert held == st.held_bytes
-    # Dense steps: XOR deltas hold well under the raw bytes.
+    # Dense steps: deltas hold well under the raw bytes.
     assert st.encoded_bytes > 0 and st.encoded_held_bytes * 4 < st.encoded_bytes * 3
     assert st.held_bytes * 4 < st.logical_bytes * 3
     for v, want in copies:

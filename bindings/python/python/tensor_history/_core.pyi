@@ -263,7 +263,7 @@ class Store:
         ``delete_within`` (seconds, default 30): how long the run may go on deleting
         once it announced its deletions (a save writing again what it may delete waits
         at most that long, plus a margin, after a run that crashed). ``rebase``: also
-        store chunks saved whole (DCP saves, parts) as XOR deltas against their parent
+        store chunks saved whole (DCP saves, parts) as deltas against their parent
         version's chunks where that is smaller, rewriting their packs."""
     def version_hash(self, ref: Ref) -> str:
         """The version's content address (64 hex digits); ``resolve`` takes a prefix."""

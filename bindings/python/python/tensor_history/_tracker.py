@@ -31,7 +31,7 @@ __all__ = ["DEFAULT_BUDGET_MODELS", "AssignTracker", "Tracker", "Trial", "defaul
 #: A tracker made without a store gets a store whose memory budget is this many times
 #: the model's bytes at the time of tracking (its variables, without the optimizer's;
 #: for a JAX pytree, the whole tree): room for HEAD, an optimizer state of two moments,
-#: and a working copy. Versions past it are kept encoded as lossless XOR deltas (see
+#: and a working copy. Versions past it are kept encoded as lossless deltas (see
 #: ``Store(memory_budget=...)``), so a dense training loop that keeps every step does
 #: not hold a full copy per step.
 DEFAULT_BUDGET_MODELS = 4

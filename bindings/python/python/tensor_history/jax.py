@@ -49,7 +49,7 @@ How it works, and what to know:
 - The store ``track`` makes (in memory, or opened at ``path``) has a memory budget of
   ``DEFAULT_BUDGET_MODELS`` (4) times the tree's bytes (for a pytree, everything
   tracked, optimizer state included; for an NNX module, its Variables without the
-  optimizer's): versions past it are kept encoded (lossless XOR deltas, see
+  optimizer's): versions past it are kept encoded (lossless deltas, see
   ``Store(memory_budget=...)``). Pass ``store=`` to choose another.
 
 JAX and Flax are imported on first use; nothing here needs them at import time.

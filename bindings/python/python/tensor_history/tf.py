@@ -56,7 +56,7 @@ How it works, and what to know:
   did not change, where an eager read each costs tens.
 - The store ``track`` makes (in memory, or opened at ``path``) has a memory budget of
   ``DEFAULT_BUDGET_MODELS`` (4) times the model's variables' bytes (not the
-  optimizer's): versions past it are kept encoded (lossless XOR deltas, see
+  optimizer's): versions past it are kept encoded (lossless deltas, see
   ``Store(memory_budget=...)``). Pass ``store=`` to choose another.
 - Variables added after tracking (a Keras layer built later, a new attribute of a
   ``tf.Module``) are recorded by the next commit. A trial's revert that meets one puts
