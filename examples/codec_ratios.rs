@@ -114,8 +114,7 @@ fn main() -> Result<(), Box<dyn Error>> {
                         let t0 = Instant::now();
                         let e = encode_with(c, width, bid.as_ref().zip(base), delta);
                         let t1 = Instant::now();
-                        let back =
-                            decode(e.as_bytes(), &ContentHash::of_bytes(c), c.len(), base)?;
+                        let back = decode(e.as_bytes(), &ContentHash::of_bytes(c), c.len(), base)?;
                         let t2 = Instant::now();
                         enc_time[k] += t1 - t0;
                         dec_time[k] += t2 - t1;

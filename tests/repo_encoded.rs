@@ -1,4 +1,4 @@
-//! Packs of format version 2 hold chunks coded (byte planes, XOR deltas against the same
+//! Packs of format versions 2 and 3 hold chunks coded (byte planes, deltas against the same
 //! variable's chunk in the parent version): a dense history takes a fraction of its raw
 //! bytes on disk and reads back bit for bit; gc keeps the bases live deltas need; a
 //! damaged or truncated base is an error naming its pack, never other bytes.
