@@ -3,8 +3,9 @@
 //! One 256 KiB f32 chunk of pseudo-random weights (uniform in ±0.05, as a trained
 //! layer's look), then `MAX` dense steps (every element changed by up to a relative
 //! 1e-4, a different factor per element and step, as `bench_report`'s dense rows), each
-//! step encoded as a delta on the one before (the first in full; `encode` takes difference deltas). For each depth
-//! `d` (0 = the full chunk), the chain of `d` deltas on the full chunk is decoded with
+//! step encoded as a delta on the one before (the first in full; `encode` takes
+//! difference deltas). For each depth `d` (0 = the full chunk), the chain of `d` deltas
+//! on the full chunk is decoded with
 //! `codec::decode_chain` on this thread: the median time per chain and the rate in GB/s
 //! of decoded bytes (one chunk out per chain) and of links decoded (one chunk's length
 //! per link). Also the time of a memcpy and a BLAKE3 hash of one chunk, as floors.

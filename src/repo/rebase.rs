@@ -1,6 +1,7 @@
 //! gc's re-basing (`GcOptions::rebase`): chunks stored whole (raw or byte planes) are
-//! coded again as deltas (the repository format's: XOR in format 2, difference in 3) against the chunk at the same index of the same variable in
-//! their version's first parent, where that is smaller, and their packs rewritten.
+//! coded again as deltas (the repository format's: XOR in format 2, difference in 3)
+//! against the chunk at the same index of the same variable in their version's first
+//! parent, where that is smaller, and their packs rewritten.
 //!
 //! What stores chunks whole: repositories saved before the codec (format 1 upgraded is
 //! not done: they are left alone), writers with no parent to take deltas against
