@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 
 use half::bf16;
 use ndarray::{Array, ArrayD, IxDyn};
-use tensor_history::{Config, Element, Ref, Store, VersionId};
+use tensor_history::{Config, Element, GcOptions, Meta, Ref, Store, VersionId};
 
 fn arr<T: Element>(shape: &[usize], f: impl Fn(usize) -> T) -> ArrayD<T> {
     let n: usize = shape.iter().product();
@@ -410,4 +410,49 @@ fn a_new_repository_is_format_3_and_stores_difference_deltas() {
     let again = Store::open(dir.path()).unwrap();
     again.verify().unwrap();
     assert_same_history(&again, &build_with(true));
+}
+
+#[test]
+fn gc_rebases_a_format_2_repository_with_xor_deltas() {
+    // Dense steps of a new variable written as parts (whole chunks, as DCP saves write
+    // them) into the format 2 fixture, then gc with rebase: the chunks are coded again
+    // as XOR deltas, the only delta format 2 has.
+    let dir = fixture_copy(2);
+    let location = dir.path().to_str().unwrap().to_owned();
+    let config = Config {
+        chunk_bytes: 4096,
+        ..Config::default()
+    };
+    let mut w = Store::with_config(config.clone()).unwrap();
+    w.insert("p", &big_values(0)).unwrap();
+    let mut c = Store::open_with(dir.path(), config).unwrap();
+    let mut written = Vec::new();
+    for step in 0..4 {
+        if step > 0 {
+            // A relative change of about 3e-5, as a small optimizer step makes.
+            w.update_map::<f32>("p", |x| x * (1.0 - 3e-5)).unwrap();
+        }
+        let part = w.write_part(&location).unwrap();
+        let v = c
+            .commit_parts("main", &[part.part], &format!("part {step}"), Meta::new())
+            .unwrap();
+        c.save().unwrap();
+        written.push((v, w.get::<f32>("p").unwrap()));
+    }
+    let mut options = GcOptions::immediate();
+    options.rebase = true;
+    let stats = c.gc_with(&options).unwrap();
+    assert!(stats.chunks_rebased > 0, "{stats:?}");
+    assert_eq!(config_version(dir.path()), 2);
+    for (version, bytes) in packs(dir.path()) {
+        assert_eq!(version, 2);
+        assert!(!holds_difference_deltas(&bytes));
+    }
+    let again = Store::open(dir.path()).unwrap();
+    again.verify().unwrap();
+    let msgs = by_message(&again);
+    for (step, (_, want)) in written.iter().enumerate() {
+        let v = msgs[&format!("part {step}")];
+        assert_eq!(again.snapshot(v).unwrap().get::<f32>("p").unwrap(), *want);
+    }
 }
