@@ -219,6 +219,19 @@ const ADDRESSES: &[(&str, &str)] = &[
     ),
 ];
 
+/// Every version of `store`, by message, has the content address `want` gives it.
+fn assert_addresses(store: &Store, want: &[(&str, &str)]) {
+    let found: Vec<(String, String)> = by_message(store)
+        .iter()
+        .map(|(m, &id)| (m.clone(), store.version_hash(id).unwrap().to_string()))
+        .collect();
+    let want: Vec<(String, String)> = want
+        .iter()
+        .map(|(m, h)| ((*m).to_owned(), (*h).to_owned()))
+        .collect();
+    assert_eq!(found, want);
+}
+
 #[test]
 fn a_format_1_repository_opens_and_reads_every_version_bit_for_bit() {
     let dir = fixture_copy(1);
@@ -226,16 +239,7 @@ fn a_format_1_repository_opens_and_reads_every_version_bit_for_bit() {
     store.verify().unwrap();
     assert_eq!(store.current_branch(), Some("main"));
     assert_same_history(&store, &build());
-    let msgs = by_message(&store);
-    let found: Vec<(String, String)> = msgs
-        .iter()
-        .map(|(m, &id)| (m.clone(), store.version_hash(id).unwrap().to_string()))
-        .collect();
-    let want: Vec<(String, String)> = ADDRESSES
-        .iter()
-        .map(|(m, h)| ((*m).to_owned(), (*h).to_owned()))
-        .collect();
-    assert_eq!(found, want);
+    assert_addresses(&store, ADDRESSES);
     // The side branch's tip and the tags resolve by name.
     let side = store.resolve("side").unwrap();
     assert_eq!(store.message(side).unwrap(), "side step");
@@ -313,16 +317,7 @@ fn a_format_2_repository_opens_and_reads_every_version_bit_for_bit() {
     store.verify().unwrap();
     assert_eq!(store.current_branch(), Some("main"));
     assert_same_history(&store, &build_with(true));
-    let msgs = by_message(&store);
-    let found: Vec<(String, String)> = msgs
-        .iter()
-        .map(|(m, &id)| (m.clone(), store.version_hash(id).unwrap().to_string()))
-        .collect();
-    let want: Vec<(String, String)> = ADDRESSES_2
-        .iter()
-        .map(|(m, h)| ((*m).to_owned(), (*h).to_owned()))
-        .collect();
-    assert_eq!(found, want);
+    assert_addresses(&store, ADDRESSES_2);
     // The packs hold coded chunks (byte planes and XOR deltas): fewer bytes than raw.
     let stats = store.stats();
     assert!(
