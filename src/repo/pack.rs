@@ -35,7 +35,7 @@ use serde::{Deserialize, Serialize};
 use super::backend::{Backend, Bytes};
 use super::format::{
     check_header, corrupt, delta_in, header_in, id_of_key, pack_key, Kind, RawHash, Wire,
-    FORMAT_V1, FORMAT_V2, HEADER_LEN, PACKS_PREFIX, TRAILER_LEN,
+    FORMAT_V1, HEADER_LEN, PACKS_PREFIX, TRAILER_LEN,
 };
 use crate::buffer::AlignedBuf;
 use crate::chunk::Chunk;
@@ -69,8 +69,8 @@ pub(crate) enum Form {
     Raw,
     /// The chunk's encoded form (`codec.rs`): byte planes, zstd-coded.
     Planes,
-    /// The chunk's encoded form: a delta (XOR or difference) against the chunk of this id (of the same
-    /// raw length), byte planes, zstd-coded.
+    /// The chunk's encoded form: a delta (XOR or difference) against the chunk of this
+    /// id (of the same raw length), byte planes, zstd-coded.
     Delta(RawHash),
 }
 
@@ -587,14 +587,14 @@ fn gather_packs<'a>(
         }
         let group = &chunks[start..end];
         // Chunks held coded are written as they are (when this save codes at all, and
-        // the repository's format has their encoding: a format 2 repository takes no
-        // difference delta).
+        // a delta is of the kind the repository's format stores: a format 2 repository
+        // takes no difference delta).
         let coded = |c: &NewChunk<'a>| {
             c.coded.filter(|(bytes, _)| {
                 code && format != FORMAT_V1
-                    && (format > FORMAT_V2
-                        || Header::parse(bytes, usize::MAX)
-                            .is_ok_and(|h| h.method != Method::DiffPlanes))
+                    && Header::parse(bytes, usize::MAX).is_ok_and(|h| {
+                        !h.method.is_delta() || h.method == delta_in(format).method()
+                    })
             })
         };
         for c in group.iter().filter(|c| coded(c).is_none()) {
@@ -793,7 +793,7 @@ pub(crate) fn unindexed_pack_holding(
 mod tests {
     use super::*;
     use crate::repo::backend::MemoryBackend;
-    use crate::repo::format::FORMAT_VERSION;
+    use crate::repo::format::{FORMAT_V2, FORMAT_VERSION};
 
     #[test]
     fn an_entry_encodes_as_id_offset_len_and_in_format_2_raw_len_and_form() {

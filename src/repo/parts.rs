@@ -100,8 +100,8 @@ pub struct PartStats {
 /// either form is not written again).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum PartChunks {
-    /// Byte-plane coded where that saves at least 4% (in a format 2 or 3 repository), as a
-    /// save stores a chunk without a delta base: on float32 training checkpoints about
+    /// Byte-plane coded where that saves at least 4% (in a format 2 or 3 repository), as
+    /// a save stores a chunk without a delta base: on float32 training checkpoints about
     /// 15% smaller, at the cost of encoding on write and decoding on read.
     #[default]
     Coded,
@@ -187,8 +187,8 @@ impl Store {
                 stats.chunks_present += 1;
             } else {
                 // A part has no parent version to take deltas against: its new chunks
-                // are stored whole, byte-plane coded where that saves (formats 2 and 3) unless
-                // asked for raw.
+                // are stored whole, byte-plane coded where that saves (formats 2 and 3)
+                // unless asked for raw.
                 new.push(NewChunk {
                     id: h,
                     chunk: c,
