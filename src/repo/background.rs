@@ -7,7 +7,7 @@
 //! without the link: stored chunks reach their bytes through the shared chunk index,
 //! and the store keeps its location, its backend and the content addresses of the
 //! versions saved before. The writer runs the same protocol as `save` (hashing,
-//! packs, index, manifests, versions, barrier, refs, HEAD) on the copy and hands back,
+//! packs and manifests, index, versions, barrier, refs, HEAD) on the copy and hands back,
 //! through a shared slot, the link, the versions the save forgot (collected by another
 //! process's gc) and the chunks it may evict. The store takes them back at the next
 //! call that needs the link (or at a commit, if the save is finished by then).

@@ -2,7 +2,7 @@
 //! storage backends under it.
 //!
 //! ```text
-//! Store (memory)  ── save(): packs, index, manifests, versions, barrier, refs, HEAD ──►
+//! Store (memory)  ── save(): packs + manifests, index, versions, barrier, refs, HEAD ──►
 //!                 ◄── open(): refs, HEAD, versions, manifests; chunks mapped on read ──
 //! Backend: LocalDir (default) | MemoryBackend | SimBackend (tests) | object store
 //! ```

@@ -330,8 +330,9 @@ impl Store {
     /// Write every version reachable from a branch, a tag or HEAD that the repository
     /// lacks, then move the refs and HEAD. Only chunks the repository lacks are written
     /// (a second save with nothing new writes no chunk); uncommitted changes are not
-    /// saved. Order: packs, barrier, index, manifests, versions, barrier (fsync), refs
-    /// (create-if-absent), then prune markers and HEAD, barrier. A crash at any point leaves the previous save readable.
+    /// saved. Order: packs (and manifests beside them), barrier, index, versions, barrier
+    /// (fsync), refs (create-if-absent), then prune markers and HEAD, barrier. A crash at
+    /// any point leaves the previous save readable.
     /// Afterwards, chunks held only by saved versions (not by the working state) leave the
     /// heap: they are read back from the repository when used.
     ///
@@ -609,8 +610,8 @@ pub(crate) fn save_into(
     write_refs(hist, b, stats)
 }
 
-/// Write the versions the repository lacks (or that gc recorded or deleted): packs,
-/// index, manifests, versions, barrier; record them in `b`. Returns whether anything was
+/// Write the versions the repository lacks (or that gc recorded or deleted): packs and
+/// manifests, barrier, index, versions, barrier; record them in `b`. Returns whether anything was
 /// written, and the keys of the objects written again or reused that a gc record lists.
 fn write_objects(
     hist: &History,
@@ -698,13 +699,49 @@ fn write_objects(
         }
     }
 
-    // Packs, then one index of them.
+    // The manifests the repository lacks, put while the packs are written (on a local
+    // disk the packs' syncer makes them durable meanwhile; on an object store their
+    // requests overlap the packs'): nothing trusts a manifest before the barrier below,
+    // and no reader takes a manifest's presence for its chunks'.
     let mut rewrote: HashSet<String> = HashSet::new();
+    let mut manifests_new: HashSet<ContentHash> = HashSet::new();
+    let mut manifest_ids: HashMap<(VersionId, &str), ContentHash> = HashMap::new();
+    let mut manifest_objects: Vec<(String, Vec<u8>)> = Vec::new();
+    for v in &todo {
+        for (name, t) in hist.node(*v)?.vars.get()?.iter() {
+            let (bytes, id) = manifest_bytes(name, t)?;
+            manifest_ids.insert((*v, name.as_str()), id);
+            let absent = !b.manifests.contains(&id)
+                || (!b.gc_keys.is_empty() && b.gc_keys.contains(&manifest_key(&id)));
+            if absent && manifests_new.insert(id) {
+                let key = manifest_key(&id);
+                if b.gc_keys.contains(&key) {
+                    rewrote.insert(key.clone());
+                }
+                stats.manifests_written += 1;
+                stats.bytes_written += bytes.len() as u64;
+                manifest_objects.push((key, bytes));
+            }
+        }
+    }
+
+    // Packs, then one index of them.
     let mut index = IndexBody::default();
     if b.chunks.format() != super::format::FORMAT_V1 {
         stats.chunks_written_as_held += new.iter().filter(|c| c.coded.is_some()).count();
     }
-    for pack in write_packs(&*backend, b.chunks.format(), &new, true)? {
+    let (packs, manifests_put) = std::thread::scope(|scope| {
+        let manifests = (!manifest_objects.is_empty())
+            .then(|| scope.spawn(|| backend.put_many(&manifest_objects)));
+        let packs = write_packs(&*backend, b.chunks.format(), &new, true);
+        let put = manifests.map_or(Ok(()), |m| {
+            m.join().unwrap_or_else(|p| std::panic::resume_unwind(p))
+        });
+        (packs, put)
+    });
+    manifests_put?;
+    drop(manifest_objects);
+    for pack in packs? {
         let key = pack_key(&pack.id);
         if b.gc_keys.contains(&key) {
             rewrote.insert(key);
@@ -732,30 +769,15 @@ fn write_objects(
         index_id = Some(id);
     }
 
-    // Manifests, then versions (parents before children).
-    let mut manifests_new: HashSet<ContentHash> = HashSet::new();
+    // Versions (parents before children).
     let mut new_versions: HashMap<VersionId, ContentHash> = HashMap::new();
     let mut new_parents: Vec<(VersionId, ContentHash, Vec<ContentHash>)> = Vec::new();
     let mut markers_new: Vec<(ContentHash, Vec<ContentHash>, Vec<u8>)> = Vec::new();
     let mut reused = HashSet::new();
-    // A version's new manifests are put together (`put_many`: concurrently on an object
-    // store), then the version; the barrier below makes them durable.
-    let mut manifest_objects: Vec<(String, Vec<u8>)> = Vec::new();
     for v in &todo {
-        let mut put_manifest = |name: &str, t: &Tensor| {
-            let (bytes, id) = manifest_bytes(name, t)?;
-            let absent = !b.manifests.contains(&id)
-                || (!b.gc_keys.is_empty() && b.gc_keys.contains(&manifest_key(&id)));
-            if absent && manifests_new.insert(id) {
-                let key = manifest_key(&id);
-                if b.gc_keys.contains(&key) {
-                    rewrote.insert(key.clone());
-                }
-                stats.manifests_written += 1;
-                stats.bytes_written += bytes.len() as u64;
-                manifest_objects.push((key, bytes));
-            }
-            Ok(id)
+        let mut put_manifest = |name: &str, t: &Tensor| match manifest_ids.get(&(*v, name)) {
+            Some(id) => Ok(*id),
+            None => manifest_bytes(name, t).map(|(_, id)| id),
         };
         // A version written again (a gc recorded or deleted it) keeps its content
         // address: the same parents as before, through prune markers written again
@@ -772,8 +794,6 @@ fn write_objects(
         if b.gc_keys.contains(&version_key(&id)) {
             rewrote.insert(version_key(&id));
         }
-        backend.put_many(&manifest_objects)?;
-        manifest_objects.clear();
         backend.put(&version_key(&id), &bytes)?;
         stats.versions_written += 1;
         stats.bytes_written += bytes.len() as u64;
