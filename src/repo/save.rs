@@ -611,8 +611,9 @@ pub(crate) fn save_into(
 }
 
 /// Write the versions the repository lacks (or that gc recorded or deleted): packs and
-/// manifests, barrier, index, versions, barrier; record them in `b`. Returns whether anything was
-/// written, and the keys of the objects written again or reused that a gc record lists.
+/// manifests, barrier, index, versions, barrier; record them in `b`. Returns whether
+/// anything was written, and the keys of the objects written again or reused that a gc
+/// record lists.
 fn write_objects(
     hist: &History,
     b: &mut RepoLink,
@@ -775,7 +776,8 @@ fn write_objects(
     let mut markers_new: Vec<(ContentHash, Vec<ContentHash>, Vec<u8>)> = Vec::new();
     let mut reused = HashSet::new();
     for v in &todo {
-        let mut put_manifest = |name: &str, t: &Tensor| match manifest_ids.get(&(*v, name)) {
+        // The manifests are written above: a version names them by id.
+        let mut manifest_of = |name: &str, t: &Tensor| match manifest_ids.get(&(*v, name)) {
             Some(id) => Ok(*id),
             None => manifest_bytes(name, t).map(|(_, id)| id),
         };
@@ -790,7 +792,7 @@ fn write_objects(
         // A version keeps the `seq` it was first written with (its content address).
         let seq = b.seqs.get(v).copied().unwrap_or(v.0);
         let (bytes, id, parents) =
-            version_object_with(hist, *v, seq, original, hash_of, &mut put_manifest)?;
+            version_object_with(hist, *v, seq, original, hash_of, &mut manifest_of)?;
         if b.gc_keys.contains(&version_key(&id)) {
             rewrote.insert(version_key(&id));
         }
