@@ -12,7 +12,7 @@ use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};
 
 use ndarray::Array1;
-use tensor_history::{Error, GcOptions, Retention, Store, VersionId};
+use tensor_history::{Error, GcOptions, Meta, Retention, Store, VersionId};
 
 /// The system allocator, refusing single allocations over [`LIMIT`].
 struct Bounded;
@@ -89,6 +89,17 @@ fn build(dir: &Path) -> BTreeMap<String, Contents> {
     store.prune(&Retention::keep_last(2)).unwrap();
     store.save().unwrap();
     store.gc_with(&GcOptions::immediate()).unwrap();
+    // A version committed from a part: a part writes its manifests as objects of their
+    // own (a save keeps them in its pack), so `manifests/` is damaged too.
+    let mut writer = Store::new();
+    writer
+        .insert("p", &ndarray::arr1(&[1.0f32, 2.0, 3.0]))
+        .unwrap();
+    let part = writer.write_part(dir.to_str().unwrap()).unwrap();
+    store
+        .commit_parts("parts", &[part.part], "from a part", Meta::new())
+        .unwrap();
+    store.save().unwrap();
     let mut all = BTreeMap::new();
     for id in store.versions() {
         all.insert(

@@ -10,6 +10,10 @@
 //!   more tensors, f32 and bf16 of 4096 elements changed densely at every step (so
 //!   that the packs hold XOR deltas, and deltas of deltas), written by
 //!   [`write_format_2_fixture`] with the last build of format 2.
+//! - `tests/fixtures/format3/`: format 3 (chunks raw, as byte planes or as difference
+//!   deltas; every manifest an object of its own), the history of the format 2 fixture,
+//!   written by the same function (into `format3/`) with the last build of format 3
+//!   (commit `a387608`).
 //!
 //! The tests build the same history themselves and compare every version's tensors
 //! byte for byte, by commit message.
@@ -393,18 +397,123 @@ fn a_format_2_repository_takes_saves_and_stays_format_2() {
     assert_same_history(&again, &want);
 }
 
+/// Files under `dir/manifests` (manifests stored as objects of their own).
+fn manifest_files(dir: &Path) -> usize {
+    let Ok(subs) = std::fs::read_dir(dir.join("manifests")) else {
+        return 0;
+    };
+    subs.map(|d| std::fs::read_dir(d.unwrap().path()).unwrap().count())
+        .sum()
+}
+
 #[test]
-fn a_new_repository_is_format_3_and_stores_difference_deltas() {
+fn a_new_repository_is_format_4_with_its_manifests_in_its_packs() {
     let dir = tempfile::tempdir().unwrap();
     let mut s = build_with(true);
-    s.save_as(dir.path()).unwrap();
-    assert_eq!(config_version(dir.path()), 3);
+    let saved = s.save_as(dir.path()).unwrap();
+    assert_eq!(config_version(dir.path()), 4);
     let packs = packs(dir.path());
-    assert!(packs.iter().all(|(v, _)| *v == 3));
+    assert!(packs.iter().all(|(v, _)| *v == 4));
     assert!(packs.iter().any(|(_, b)| holds_difference_deltas(b)));
+    // Every manifest is an entry of a pack: none is a file, and the chunk counts leave
+    // them out.
+    assert_eq!(manifest_files(dir.path()), 0);
+    assert_eq!(packs.len(), saved.packs_written);
+    assert!(saved.manifests_written >= 7, "{saved:?}");
     let again = Store::open(dir.path()).unwrap();
     again.verify().unwrap();
     assert_same_history(&again, &build_with(true));
+    // Versions keep their content addresses (they name the same manifest ids).
+    let addresses = |st: &Store| -> Vec<(String, String)> {
+        by_message(st)
+            .into_iter()
+            .map(|(m, id)| (m, st.version_hash(id).unwrap().to_string()))
+            .collect()
+    };
+    assert_eq!(addresses(&again), addresses(&s));
+
+    // A later save writes the manifests of what changed, into its own pack.
+    let mut s = Store::open(dir.path()).unwrap();
+    let mut want = build_with(true);
+    for x in [&mut s, &mut want] {
+        set(x, "big", &big_values(9));
+        x.commit("step 9").unwrap();
+    }
+    let saved = s.save().unwrap();
+    // `big` (16 KiB, one chunk at the default chunk size of the store that opened the
+    // repository) changed: 1 chunk and 1 manifest in 1 pack.
+    assert_eq!(
+        (
+            saved.chunks_written,
+            saved.manifests_written,
+            saved.packs_written
+        ),
+        (1, 1, 1),
+        "{saved:?}"
+    );
+    assert_eq!(manifest_files(dir.path()), 0);
+    let again = Store::open(dir.path()).unwrap();
+    again.verify().unwrap();
+    assert_same_history(&again, &want);
+}
+
+/// The content addresses of the format 3 fixture's versions, by message (the history of
+/// the format 2 fixture, committed at other times).
+const ADDRESSES_3: &[(&str, &str)] = &[
+    (
+        "init",
+        "aea4fb4a4ae1b7435ce6e6673d13361bde50e3729708911b612aa82010cfa169",
+    ),
+    (
+        "side step",
+        "ada211ec5abd45296b7c613959f6e9ce0c1b99418548968b233a8edca028a8b8",
+    ),
+    (
+        "step 1",
+        "20f9e5496673a47c53e492652a89c077b7066bc942200a3f1a6b3a9106c33349",
+    ),
+    (
+        "step 2",
+        "9eefe59d0cdc25db45bfb71563feece6f1ca0974c0e6c086b2e13bee10119e2b",
+    ),
+];
+
+#[test]
+fn a_format_3_repository_opens_and_reads_every_version_bit_for_bit() {
+    let dir = fixture_copy(3);
+    assert_eq!(config_version(dir.path()), 3);
+    assert!(manifest_files(dir.path()) > 0);
+    let store = Store::open(dir.path()).unwrap();
+    store.verify().unwrap();
+    assert_eq!(store.current_branch(), Some("main"));
+    assert_same_history(&store, &build_with(true));
+    assert_addresses(&store, ADDRESSES_3);
+    let packs = packs(dir.path());
+    assert!(packs.iter().any(|(_, b)| holds_difference_deltas(b)));
+}
+
+#[test]
+fn a_format_3_repository_takes_saves_and_gc_and_stays_format_3() {
+    let dir = fixture_copy(3);
+    let files = manifest_files(dir.path());
+    let mut store = Store::open(dir.path()).unwrap();
+    let mut want = build_with(true);
+    for step in 4..8 {
+        for s in [&mut store, &mut want] {
+            set(s, "big", &big_values(step));
+            s.commit(&format!("step {step}")).unwrap();
+        }
+    }
+    let saved = store.save().unwrap();
+    assert_eq!(saved.manifests_written, 4, "{saved:?}");
+    // Still format 3: the new manifests are files, the packs of envelope version 3.
+    assert_eq!(config_version(dir.path()), 3);
+    assert_eq!(manifest_files(dir.path()), files + 4);
+    assert!(packs(dir.path()).iter().all(|(v, _)| *v == 3));
+    store.gc_with(&GcOptions::immediate()).unwrap();
+    let again = Store::open(dir.path()).unwrap();
+    again.verify().unwrap();
+    assert_same_history(&again, &want);
 }
 
 #[test]

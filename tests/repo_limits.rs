@@ -103,16 +103,6 @@ fn put(root: &Path, prefix: &str, hex: &str, ext: &str, bytes: &[u8]) {
     fs::write(dir.join(format!("{hex}.{ext}")), bytes).unwrap();
 }
 
-fn only_file(dir: &Path) -> String {
-    let mut names: Vec<String> = fs::read_dir(dir)
-        .unwrap()
-        .flat_map(|d| fs::read_dir(d.unwrap().path()).unwrap())
-        .map(|f| f.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    assert_eq!(names.len(), 1, "{names:?}");
-    names.pop().unwrap()
-}
-
 /// A repository whose `main` is at a version `v1` holding `good` (readable) and `deep`, a
 /// manifest of `MAX_DIMS + 1` axes, over a readable root `v0` holding `good`; as a build
 /// that did not check the dimensions wrote it. Returns v0's content address.
@@ -122,9 +112,16 @@ fn repository_with_a_deep_manifest(root: &Path) -> String {
     let v0 = s.commit("v0").unwrap();
     s.save_as(root).unwrap();
     let v0_hash = s.version_hash(v0).unwrap().to_string();
-    let good_manifest = only_file(&root.join("manifests"))
-        .trim_end_matches(".thman")
-        .to_owned();
+    // `good` again, as a manifest of its own (the save keeps manifests in its pack):
+    // dtype f32, shape [1], one element per chunk, the one chunk.
+    let mut body = vec![2u8];
+    varint(&mut body, 1);
+    varint(&mut body, 1);
+    varint(&mut body, 1);
+    varint(&mut body, 1);
+    body.extend_from_slice(blake3::hash(&1.5f32.to_le_bytes()).as_bytes());
+    let (manifest, good_manifest) = envelope(b'M', &body);
+    put(root, "manifests", &good_manifest, "thman", &manifest);
 
     // Manifest: dtype f32 (2), shape of 65 ones, one element per chunk, the one chunk
     // (the same bytes as `good`'s, so the index lists it).

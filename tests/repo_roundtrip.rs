@@ -303,7 +303,7 @@ fn an_unknown_format_version_is_refused() {
     s.save().unwrap();
     std::fs::write(
         dir.path().join("config.json"),
-        br#"{"format":"tensor-history","version":4}"#,
+        br#"{"format":"tensor-history","version":5}"#,
     )
     .unwrap();
     assert!(matches!(

@@ -282,8 +282,8 @@ fn count_files(dir: &std::path::Path, sub: &str) -> usize {
 }
 
 /// A long-lived store saves a version; another store runs a whole gc cycle (grace 0)
-/// that deletes only that version and a manifest of it, no pack, and removes its gc
-/// record; the first store then commits on top of the version, reusing the manifest,
+/// that deletes only that version and a manifest of it (the pack holding just that
+/// manifest, no chunk), and removes its gc record; the first store then commits on top of the version, reusing the manifest,
 /// and saves (after a refresh, or not). The save must write both again: a repository
 /// whose new ref reaches a deleted version or manifest is broken for every reader.
 #[test]
@@ -314,12 +314,13 @@ fn a_save_after_another_stores_gc_deleted_only_versions_and_manifests_writes_the
         drop_exp_and_save(&mut b);
         let gc = b.gc_with(&GcOptions::immediate()).unwrap();
         assert!(gc.objects_deleted >= 2, "{gc:?}");
-        // Only the version and its new manifest went: no pack, no index changed, and no
-        // gc record is left to tell.
-        assert_eq!(count_files(dir.path(), "packs"), packs);
-        assert_eq!(count_files(dir.path(), "index"), indexes);
+        // Only the version and its new manifest went (the manifest was the only entry
+        // of its save's pack: the pack went, and the indexes were written again without
+        // it), and no gc record is left to tell.
+        assert_eq!(count_files(dir.path(), "packs"), packs - 1);
+        assert!(count_files(dir.path(), "index") <= indexes);
         assert_eq!(count_files(dir.path(), "versions"), versions - 1);
-        assert_eq!(count_files(dir.path(), "manifests"), manifests - 1);
+        assert_eq!((manifests, count_files(dir.path(), "manifests")), (0, 0));
         assert_eq!(
             std::fs::read_dir(dir.path().join("gc"))
                 .unwrap()

@@ -1,7 +1,9 @@
 //! Chunks that live in a repository and cannot be read any more (their pack was damaged
 //! or deleted after the store opened it): every public call that reads them returns a
 //! typed error naming the pack, and changes nothing; calls that need no chunk data
-//! (diffs by hash, content hashes, metadata) still give the right answer. Never a panic.
+//! (diffs by hash, content hashes, metadata) still give the right answer when only the
+//! chunks were damaged, or a typed error naming the pack when the pack is gone with the
+//! manifests it also held (format 4). Never a panic.
 
 mod common;
 
@@ -48,10 +50,16 @@ fn damage(dir: &Path, how: Damage) {
         match how {
             Damage::Zeroed => {
                 let mut bytes = std::fs::read(&p).unwrap();
-                // Every chunk: from the header to the footer (its offset is in the tail).
+                // Every chunk: from the header to the manifests the save wrote after
+                // them (each at a 64-byte boundary, starting with the object magic and
+                // kind `M`), or to the footer (its offset is in the tail).
                 let at = bytes.len() - 48;
                 let footer = u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap()) as usize;
-                for b in &mut bytes[64..footer] {
+                let end = (64..footer)
+                    .step_by(64)
+                    .find(|&o| bytes[o..].starts_with(b"\x89TH\r\n\x1a\nM"))
+                    .unwrap_or(footer);
+                for b in &mut bytes[64..end] {
                     *b ^= 0x5a;
                 }
                 std::fs::write(&p, bytes).unwrap();
@@ -246,6 +254,7 @@ fn every_call_reading_an_unreadable_chunk_is_a_typed_error_naming_the_pack() {
                 }
             }
         }
+        let initial = Store::open(good.path()).unwrap().log_graph();
         for (name, call) in METADATA {
             let case = tempfile::tempdir().unwrap();
             copy_dir(good.path(), case.path());
@@ -261,6 +270,15 @@ fn every_call_reading_an_unreadable_chunk_is_a_typed_error_naming_the_pack() {
             match (got, want) {
                 (Err(_), _) => failures.push(format!("{how:?} {name}: panicked")),
                 (Ok((Ok(g), _)), Ok((Ok(w), _))) if g == w => {}
+                // A deleted pack took the manifests the save wrote with its chunks (format
+                // 4): a call that must read one fails naming the pack, and changes
+                // nothing; `stats`, which cannot fail, counts the versions it can read.
+                (Ok((Err(e), log)), Ok(_))
+                    if matches!(how, Damage::Deleted) && names_a_pack(&e) && log == initial => {}
+                (Ok((Ok(g), _)), Ok((Ok(w), _)))
+                    if matches!(how, Damage::Deleted)
+                        && *name == "Store::stats"
+                        && g.parse::<u64>().unwrap() < w.parse::<u64>().unwrap() => {}
                 (got, want) => failures.push(format!(
                     "{how:?} {name}: {:?}, undamaged {:?}",
                     got.map(|g| g.0),

@@ -8,10 +8,11 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use super::backend::{is_not_found, Backend, Bytes};
 use super::format::{
-    corrupt, encode_index_in, pack_key, IndexBody, CONFIG_KEY, FORMAT_VERSION, INDEX_PREFIX,
+    corrupt, encode_index_in, manifest_key, pack_key, parse_manifest, IndexBody, Manifest,
+    CONFIG_KEY, FORMAT_VERSION, INDEX_PREFIX,
 };
 use super::index::{read_index_files, IndexFile, IndexFiles};
-use super::pack::{self, Form, Loc};
+use super::pack::{self, Loc};
 use crate::chunk::{Chunk, ChunkSource, WeakChunk};
 use crate::codec;
 use crate::error::{Error, Result};
@@ -179,34 +180,42 @@ impl RepoChunks {
     /// cannot be read any more, and no object of it is to blame), else
     /// [`Error::CorruptObject`] naming what is missing.
     pub(crate) fn missing(&self, id: &ContentHash, wanted_by: &str) -> Error {
+        self.missing_item("chunk", id, wanted_by)
+            .unwrap_or_else(|| corrupt(wanted_by, format!("chunk {id} is in no index")))
+    }
+
+    /// Why `what` `id` (a chunk or a manifest) is in no index, if a reason is found: the
+    /// repository is gone, an index did not read, or a pack no index lists holds it.
+    fn missing_item(&self, what: &str, id: &ContentHash, wanted_by: &str) -> Option<Error> {
         match self.backend.get(CONFIG_KEY) {
             Err(e) if is_not_found(&e) => {
-                return Error::RepositoryReplaced {
+                return Some(Error::RepositoryReplaced {
                     location: self.backend.location(),
                     reason: format!(
                         "is gone (no config.json): it was deleted since this store connected \
-                         to it, and chunk {id} of `{wanted_by}` was held only there"
+                         to it, and {what} {id} of `{wanted_by}` was held only there"
                     ),
-                }
+                })
             }
             _ => {}
         }
         let bad = self.bad_indexes.lock().unwrap_or_else(|p| p.into_inner());
         match bad.first() {
-            Some(path) => corrupt(
+            Some(path) => Some(corrupt(
                 path,
-                format!("unreadable index; chunk {id} of `{wanted_by}` is in no readable index"),
+                format!("unreadable index; {what} {id} of `{wanted_by}` is in no readable index"),
+            )),
+            None => pack::unindexed_pack_holding(&*self.backend, &self.indexed_packs(), id).map(
+                |pack| {
+                    corrupt(
+                        &pack,
+                        format!(
+                            "{what} {id} of `{wanted_by}` is in this pack, but no index lists \
+                             the pack (its index file is missing)"
+                        ),
+                    )
+                },
             ),
-            None => match pack::unindexed_pack_holding(&*self.backend, &self.indexed_packs(), id) {
-                Some(pack) => corrupt(
-                    &pack,
-                    format!(
-                        "chunk {id} of `{wanted_by}` is in this pack, but no index lists the \
-                         pack (its index file is missing)"
-                    ),
-                ),
-                None => corrupt(wanted_by, format!("chunk {id} is in no index")),
-            },
         }
     }
 }
@@ -306,6 +315,41 @@ impl RepoChunks {
         Ok(all)
     }
 
+    /// Read and check manifest `id`, from the pack an index lists it in (format 4) or
+    /// from its own object; with the name its errors give. A pack gc replaced since the
+    /// indexes were read is found by reading them again, once.
+    ///
+    /// # Errors
+    ///
+    /// As for [`pack::read_manifest`].
+    pub(crate) fn manifest(&self, id: &ContentHash) -> Result<(String, Manifest)> {
+        let packed = |c: &Self| c.locate(id).filter(|l| l.span.form.is_plain());
+        if let Some(loc) = packed(self) {
+            return match pack::read_manifest(&*self.backend, id, Some(loc)) {
+                Err(e) if is_not_found(&e) => {
+                    self.read_indexes(true)?;
+                    pack::read_manifest(&*self.backend, id, self.locate(id))
+                }
+                r => r,
+            };
+        }
+        let key = manifest_key(id);
+        match self.backend.get(&key) {
+            Ok(bytes) => Ok((key.clone(), parse_manifest(&key, &bytes, Some(id))?)),
+            Err(e) if is_not_found(&e) => {
+                // In a pack of an index this store has not read (a gc replaced them)?
+                self.read_indexes(true)?;
+                if let Some(loc) = packed(self) {
+                    return pack::read_manifest(&*self.backend, id, Some(loc));
+                }
+                Err(self
+                    .missing_item("manifest", id, "a saved version")
+                    .unwrap_or_else(|| corrupt(&key, "missing (the repository refers to it)")))
+            }
+            Err(e) => Err(e),
+        }
+    }
+
     fn load_once(&self, id: &ContentHash, len: usize) -> Result<Bytes> {
         let loc = self
             .locate(id)
@@ -319,7 +363,7 @@ impl RepoChunks {
                 ),
             ));
         }
-        if loc.span.form == Form::Raw {
+        if loc.span.form.is_plain() {
             return pack::read_chunk(&*self.backend, id, &loc);
         }
         self.decode(id, loc, len)
@@ -350,7 +394,7 @@ impl RepoChunks {
                 ));
             }
             let stored = pack::read_stored(&*self.backend, &cur, &at)?;
-            if at.span.form == Form::Raw {
+            if at.span.form.is_plain() {
                 end = Some(pack::check_raw(&key, &cur, &at.span, stored)?);
                 break;
             }

@@ -11,16 +11,17 @@ use serde::{Deserialize, Serialize};
 use super::backend::{is_not_found, Backend, Bytes, ObjectInfo};
 use super::format::{
     corrupt, encode, encode_index_in, gc_key, id_of_key, index_key, manifest_key, pack_key,
-    parse_gc, parse_json, parse_manifest, parse_ref_key, parse_version, pruned_key, version_key,
-    EntryKind, GcBody, HeadJson, IndexBody, IndexPack, Kind, PrunedJson, FORMAT_V1, GC_PREFIX,
-    HEAD_KEY, INDEX_PREFIX, MANIFESTS_PREFIX, PACKS_PREFIX, PRUNED_PREFIX, REFS_PREFIX,
-    VERSIONS_PREFIX,
+    parse_gc, parse_json, parse_ref_key, parse_version, pruned_key, version_key, EntryKind, GcBody,
+    HeadJson, IndexBody, IndexPack, Kind, PrunedJson, FORMAT_V1, GC_PREFIX, HEAD_KEY, INDEX_PREFIX,
+    MANIFESTS_PREFIX, PACKS_PREFIX, PRUNED_PREFIX, REFS_PREFIX, VERSIONS_PREFIX,
 };
 use super::generation::{
     close_generation, now_ns, start_generation, trim_generations, DEFAULT_DELETE_WITHIN,
 };
 use super::index::read_index_files;
-use super::pack::{check_raw, read_stored, write_pack, Form, Loc, Span, Stored, WrittenPack};
+use super::pack::{
+    check_raw, read_manifest, read_stored, write_pack, Form, Loc, Span, Stored, WrittenPack,
+};
 use super::rebase::{code_pack, Graph, GraphVersion, Planned, REBASE_BELOW};
 use super::refs;
 use super::RepoLink;
@@ -135,7 +136,10 @@ pub struct GcStats {
 #[derive(Default)]
 struct Live {
     keys: HashSet<String>,
+    /// Live chunks, and live manifests that packs hold (format 4).
     chunks: HashSet<ContentHash>,
+    /// How many of `chunks` are manifests.
+    packed_manifests: usize,
     versions: usize,
 }
 
@@ -159,6 +163,7 @@ fn get(backend: &dyn Backend, key: &str) -> Result<Bytes> {
 fn mark(
     backend: &dyn Backend,
     objects: &[ObjectInfo],
+    packed: &HashMap<ContentHash, Loc>,
     held: &[ContentHash],
     mut graph: Option<&mut Graph>,
 ) -> Result<Live> {
@@ -218,10 +223,17 @@ fn mark(
         for (_, m) in &body.vars {
             let m = ContentHash(*m);
             if manifests.insert(m) {
-                let key = manifest_key(&m);
-                let man = parse_manifest(&key, &get(backend, &key)?, Some(&m))?;
+                let loc = packed.get(&m).copied();
+                let (_, man) = read_manifest(backend, &m, loc)?;
                 live.chunks.extend(man.chunks.iter().copied());
-                live.keys.insert(key);
+                if loc.is_some() {
+                    // The pack entry holding it stays, as a chunk's does.
+                    if live.chunks.insert(m) {
+                        live.packed_manifests += 1;
+                    }
+                } else {
+                    live.keys.insert(manifest_key(&m));
+                }
                 if let Some(g) = graph.as_deref_mut() {
                     g.manifests.insert(m, man);
                 }
@@ -361,11 +373,24 @@ fn gc_into(b: &mut RepoLink, options: &GcOptions, held: &[ContentHash]) -> Resul
     let objects = backend.list("")?;
     let rebase = options.rebase && !options.dry_run && b.chunks.format() != FORMAT_V1;
     let mut graph = rebase.then(Graph::default);
-    let mut live = mark(backend, &objects, held, graph.as_mut())?;
     let (indexes, supersedes) = read_indexes(backend, &objects)?;
+    let packed: HashMap<ContentHash, Loc> = indexes
+        .iter()
+        .flat_map(|(_, body)| &body.packs)
+        .flat_map(|p| p.chunks.iter().map(move |e| (p.pack, e)))
+        .filter(|(_, e)| e.span.form == Form::Manifest)
+        .map(|(pack, e)| {
+            let loc = Loc {
+                pack: ContentHash(pack),
+                span: e.span,
+            };
+            (ContentHash(e.id), loc)
+        })
+        .collect();
+    let mut live = mark(backend, &objects, &packed, held, graph.as_mut())?;
     keep_bases(&mut live, &indexes);
     stats.versions_live = live.versions;
-    stats.chunks_live = live.chunks.len();
+    stats.chunks_live = live.chunks.len() - live.packed_manifests;
     let listed: Listed<'_> = objects.iter().map(|o| (o.key.as_str(), o)).collect();
 
     // Rewrite mostly-dead packs: new pack and index first, then the old pack is garbage.
@@ -652,7 +677,7 @@ fn repack(
             };
             let stored = read_stored(backend, id, &loc)?;
             let stored = match span.form {
-                Form::Raw => check_raw(&pack_key(pack), id, span, stored)?,
+                Form::Raw | Form::Manifest => check_raw(&pack_key(pack), id, span, stored)?,
                 _ => stored,
             };
             data.push((*id, *span, Some(stored)));

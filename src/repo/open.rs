@@ -12,10 +12,10 @@ use serde::{Deserialize, Serialize};
 use super::backend::open_path;
 use super::backend::{is_not_found, Backend, PutOutcome};
 use super::format::{
-    corrupt, id_of_key, manifest_key, must_get, parse_json, parse_manifest, parse_version, ref_key,
-    to_json, version_key, ConfigJson, EntryKind, HeadJson, Manifest, PrunedJson, RefEntry,
-    VersionBody, CONFIG_KEY, FORMAT_NAME, FORMAT_V1, FORMAT_VERSION, HEAD_KEY, MANIFESTS_PREFIX,
-    PRUNED_PREFIX, VERSIONS_PREFIX,
+    corrupt, id_of_key, manifest_key, parse_json, parse_version, ref_key, to_json, version_key,
+    ConfigJson, EntryKind, HeadJson, Manifest, PrunedJson, RefEntry, VersionBody, CONFIG_KEY,
+    FORMAT_NAME, FORMAT_V1, FORMAT_VERSION, HEAD_KEY, MANIFESTS_PREFIX, PRUNED_PREFIX,
+    VERSIONS_PREFIX,
 };
 use super::generation::GcView;
 use super::refs;
@@ -325,10 +325,8 @@ impl VarsSource for ManifestVars {
                 .par_iter()
                 .with_min_len(8)
                 .map(|(_, m)| {
-                    let key = manifest_key(m);
-                    let bytes = must_get(&*self.chunks.backend, &key)?;
-                    let manifest = parse_manifest(&key, &bytes, Some(m))?;
-                    tensor_of(&self.chunks, &key, &manifest)
+                    let (name, manifest) = self.chunks.manifest(m)?;
+                    tensor_of(&self.chunks, &name, &manifest)
                 })
                 .collect::<Result<_>>()
         })?;

@@ -34,8 +34,9 @@ use serde::{Deserialize, Serialize};
 
 use super::backend::{Backend, Bytes};
 use super::format::{
-    check_header, corrupt, delta_in, header_in, id_of_key, pack_key, Kind, RawHash, Wire,
-    FORMAT_V1, HEADER_LEN, PACKS_PREFIX, TRAILER_LEN,
+    check_header, corrupt, delta_in, header_in, id_of_key, manifest_key, manifests_packed,
+    must_get, pack_key, parse_manifest, Kind, Manifest, RawHash, Wire, FORMAT_V1, HEADER_LEN,
+    PACKS_PREFIX, TRAILER_LEN,
 };
 use crate::buffer::AlignedBuf;
 use crate::chunk::Chunk;
@@ -72,6 +73,18 @@ pub(crate) enum Form {
     /// The chunk's encoded form: a delta (XOR or difference) against the chunk of this
     /// id (of the same raw length), byte planes, zstd-coded.
     Delta(RawHash),
+    /// A manifest (format 4): its object's bytes without the trailer (their BLAKE3 is
+    /// the manifest id, the entry's id), as they are.
+    Manifest,
+}
+
+impl Form {
+    /// Whether the stored bytes are the bytes of the id, as they are ([`Form::Raw`] or
+    /// [`Form::Manifest`]): either serves them, as a chunk or as a manifest (the same
+    /// id is the same bytes).
+    pub(crate) fn is_plain(self) -> bool {
+        matches!(self, Form::Raw | Form::Manifest)
+    }
 }
 
 /// What an entry records of one stored chunk: where its stored bytes are in its pack,
@@ -129,6 +142,7 @@ impl Span {
     fn plausible(&self, id: &RawHash) -> bool {
         match self.form {
             Form::Raw => self.len == self.raw_len,
+            Form::Manifest => self.len == self.raw_len && self.len > 0,
             Form::Planes | Form::Delta(_) => {
                 self.raw_len > 0
                     && self.len <= self.raw_len.saturating_add(MAX_CODED_OVERHEAD)
@@ -202,6 +216,7 @@ impl PackEntry {
             0 => Form::Raw,
             1 => Form::Planes,
             2 => Form::Delta(w.hash()?),
+            3 => Form::Manifest,
             _ => return None,
         };
         Some(PackEntry {
@@ -219,6 +234,12 @@ impl PackEntry {
     /// refused where they are read (pack footers, index files).
     pub(crate) fn plausible(&self) -> bool {
         self.span.plausible(&self.id)
+    }
+
+    /// [`plausible`](PackEntry::plausible), and of a form that format `version` has
+    /// (manifest entries only from format 4).
+    pub(crate) fn plausible_in(&self, version: u16) -> bool {
+        self.plausible() && (self.span.form != Form::Manifest || manifests_packed(version))
     }
 }
 
@@ -422,11 +443,70 @@ pub(crate) fn check_raw(key: &str, id: &ContentHash, span: &Span, stored: Bytes)
 /// chunk, bytes that do not match the chunk's hash, or a chunk that is not stored raw.
 pub(crate) fn read_chunk(backend: &dyn Backend, id: &ContentHash, loc: &Loc) -> Result<Bytes> {
     let key = pack_key(&loc.pack);
-    if loc.span.form != Form::Raw {
+    if !loc.span.form.is_plain() {
         return Err(corrupt(&key, format!("chunk {id} is not stored raw")));
     }
     let stored = read_stored(backend, id, loc)?;
     check_raw(&key, id, &loc.span, stored)
+}
+
+/// Manifest `id` as the bytes of its object (the stored bytes, then the trailer, which
+/// is the id) and the name its errors give (the pack and the manifest): one ranged read
+/// of `loc`, an entry stored as it is ([`Form::is_plain`]), checked against the id. The manifest itself is
+/// parsed by the caller.
+///
+/// # Errors
+///
+/// [`Error::Io`]; [`Error::CorruptObject`] naming the pack for a coded entry, a pack
+/// too short, or bytes that do not match the id.
+pub(crate) fn read_packed_manifest(
+    backend: &dyn Backend,
+    id: &ContentHash,
+    loc: &Loc,
+) -> Result<(String, Vec<u8>)> {
+    let name = format!("{} (manifest {id})", pack_key(&loc.pack));
+    if !loc.span.form.is_plain() {
+        return Err(corrupt(&name, "stored coded"));
+    }
+    let stored = read_stored(backend, id, loc)?;
+    if ContentHash::of_bytes(&stored) != *id {
+        return Err(corrupt(
+            &name,
+            format!(
+                "the bytes at offset {} do not match its id",
+                loc.span.offset
+            ),
+        ));
+    }
+    let mut object = Vec::with_capacity(stored.len() + TRAILER_LEN);
+    object.extend_from_slice(&stored);
+    object.extend_from_slice(id.as_bytes());
+    Ok((name, object))
+}
+
+/// Read and check manifest `id`: from its pack when `loc` is an entry stored as it is
+/// (a [`Form::Manifest`] entry, format 4), else from its own object. Returns the name errors give it (the object's
+/// key, or the pack and the manifest) and the manifest.
+///
+/// # Errors
+///
+/// [`Error::Io`]; [`Error::CorruptObject`] naming the object or the pack for a manifest
+/// missing, damaged or past a limit.
+pub(crate) fn read_manifest(
+    backend: &dyn Backend,
+    id: &ContentHash,
+    loc: Option<Loc>,
+) -> Result<(String, Manifest)> {
+    let (name, bytes) = match loc.filter(|l| l.span.form.is_plain()) {
+        Some(loc) => read_packed_manifest(backend, id, &loc)?,
+        None => {
+            let key = manifest_key(id);
+            let bytes = must_get(backend, &key)?;
+            (key, bytes.to_vec())
+        }
+    };
+    let manifest = parse_manifest(&name, &bytes, Some(id))?;
+    Ok((name, manifest))
 }
 
 /// A pack's fixed header: the object header padded with zeros to [`PACK_ALIGN`].
@@ -513,6 +593,8 @@ pub(crate) fn write_pack(
 /// gathered, and the one being written.
 ///
 /// With `code` false every chunk is stored raw (no encoding), whatever the format.
+/// `tail` (manifests, [`Form::Manifest`]) is written as it is after the chunks, in
+/// the last pack while it has room.
 ///
 /// # Errors
 ///
@@ -522,6 +604,7 @@ pub(crate) fn write_packs<'a>(
     backend: &dyn Backend,
     format: u16,
     chunks: &[NewChunk<'a>],
+    tail: Vec<Stored<'a>>,
     code: bool,
 ) -> Result<Vec<WrittenPack>> {
     std::thread::scope(|scope| {
@@ -550,7 +633,7 @@ pub(crate) fn write_packs<'a>(
             Ok(out)
         });
         // The writer ended early (an error) when a send fails: stop, and return its error.
-        let gathered = gather_packs(chunks, format, code, |pack| tx.send(pack).is_ok());
+        let gathered = gather_packs(chunks, tail, format, code, |pack| tx.send(pack).is_ok());
         drop(tx);
         let written = writer
             .join()
@@ -566,9 +649,11 @@ pub(crate) fn write_packs<'a>(
 }
 
 /// Load and encode `chunks` group by group, and hand each full pack's stored forms to
-/// `emit` in order (the last one too); stops when `emit` returns `false`.
+/// `emit` in order, then `tail` as it is (the last pack too); stops when `emit`
+/// returns `false`.
 fn gather_packs<'a>(
     chunks: &[NewChunk<'a>],
+    tail: Vec<Stored<'a>>,
     format: u16,
     code: bool,
     mut emit: impl FnMut(Vec<Stored<'a>>) -> bool,
@@ -640,6 +725,16 @@ fn gather_packs<'a>(
         }
         start = end;
     }
+    for st in tail {
+        if !pending.is_empty() && pending_bytes + st.bytes.len() > PACK_TARGET_BYTES {
+            if !emit(std::mem::take(&mut pending)) {
+                return Ok(());
+            }
+            pending_bytes = 0;
+        }
+        pending_bytes += st.bytes.len();
+        pending.push(st);
+    }
     if !pending.is_empty() {
         emit(pending);
     }
@@ -700,7 +795,7 @@ fn check_footer(
         return Err(corrupt(path, "trailing bytes after the pack footer"));
     }
     for e in &entries {
-        let ok = e.plausible()
+        let ok = e.plausible_in(version)
             && e.span.offset >= PACK_ALIGN as u64
             && e.span.offset.is_multiple_of(PACK_ALIGN as u64)
             && e.span.range().is_some_and(|r| r.end <= off);
@@ -793,7 +888,7 @@ pub(crate) fn unindexed_pack_holding(
 mod tests {
     use super::*;
     use crate::repo::backend::MemoryBackend;
-    use crate::repo::format::{FORMAT_V2, FORMAT_VERSION};
+    use crate::repo::format::{ManifestBody, FORMAT_V2, FORMAT_V3, FORMAT_VERSION};
 
     #[test]
     fn an_entry_encodes_as_id_offset_len_and_in_format_2_raw_len_and_form() {
@@ -890,6 +985,66 @@ mod tests {
         assert!(!coded(0, 0, Form::Planes).plausible());
         // A chunk that is its own base.
         assert!(!coded(10, 1000, Form::Delta([1; 32])).plausible());
+        // A manifest is stored as it is, and only from format 4.
+        assert!(coded(10, 10, Form::Manifest).plausible_in(FORMAT_VERSION));
+        assert!(!coded(10, 10, Form::Manifest).plausible_in(FORMAT_V3));
+        assert!(!coded(10, 11, Form::Manifest).plausible_in(FORMAT_VERSION));
+        assert!(!coded(0, 0, Form::Manifest).plausible_in(FORMAT_VERSION));
+        assert!(coded(10, 1000, Form::Planes).plausible_in(FORMAT_V3));
+    }
+
+    #[test]
+    fn manifests_written_after_the_chunks_read_back_from_the_pack_and_damage_is_typed() {
+        let backend = MemoryBackend::new();
+        let data: Vec<u8> = (0..1000u32).map(|i| (i * 7) as u8).collect();
+        let chunks =
+            [crate::chunk::Alloc::default().chunk_with(1000, |b| b.copy_from_slice(&data))];
+        let id = ContentHash::of_bytes(&data);
+        let new = new_chunks(&chunks);
+        let body = ManifestBody {
+            dtype: 8,
+            shape: vec![1000],
+            chunk_elems: 1000,
+            chunks: vec![id.0],
+        };
+        let (object, mid) = crate::repo::format::encode(Kind::Manifest, &body);
+        let stored = object[..object.len() - TRAILER_LEN].to_vec();
+        let tail = vec![Stored {
+            id: mid,
+            raw_len: stored.len() as u64,
+            bytes: Cow::Owned(stored),
+            form: Form::Manifest,
+        }];
+        let packs = write_packs(&backend, FORMAT_VERSION, &new, tail, false).unwrap();
+        assert_eq!(packs.len(), 1);
+        let loc = |e: &PackEntry| Loc {
+            pack: packs[0].id,
+            span: e.span,
+        };
+        let [c, m] = &packs[0].entries[..] else {
+            panic!("{:?}", packs[0].entries)
+        };
+        assert_eq!((c.id, m.id, m.span.form), (id.0, mid.0, Form::Manifest));
+        let (name, manifest) = read_manifest(&backend, &mid, Some(loc(m))).unwrap();
+        assert!(name.contains("(manifest "), "{name}");
+        assert_eq!(manifest.chunks, vec![id]);
+        // The chunk reads as a chunk; a manifest entry serves its bytes as a chunk too.
+        assert_eq!(&read_chunk(&backend, &id, &loc(c)).unwrap()[..], &data[..]);
+        assert!(read_chunk(&backend, &mid, &loc(m)).is_ok());
+        // A damaged manifest: a typed error naming the pack and the manifest.
+        let key = pack_key(&packs[0].id);
+        let mut bytes = backend.get(&key).unwrap().to_vec();
+        bytes[m.span.offset as usize + 12] ^= 1;
+        backend.put(&key, &bytes).unwrap();
+        match read_manifest(&backend, &mid, Some(loc(m))) {
+            Err(Error::CorruptObject { path, .. }) => {
+                assert!(
+                    path.starts_with(&key) && path.contains("(manifest "),
+                    "{path}"
+                )
+            }
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]
@@ -1019,7 +1174,14 @@ mod tests {
     fn written_packs_are_all_behind_a_barrier_when_write_packs_returns() {
         let chunks = three_packs_of_chunks();
         let backend = Journal::default();
-        let written = write_packs(&backend, FORMAT_VERSION, &new_chunks(&chunks), false).unwrap();
+        let written = write_packs(
+            &backend,
+            FORMAT_VERSION,
+            &new_chunks(&chunks),
+            Vec::new(),
+            false,
+        )
+        .unwrap();
         assert_eq!(written.len(), 3);
         let events = backend.events.lock().unwrap().clone();
         let puts: Vec<usize> = (0..events.len())
@@ -1054,7 +1216,13 @@ mod tests {
         backend
             .fail
             .store(true, std::sync::atomic::Ordering::SeqCst);
-        let got = write_packs(&backend, FORMAT_VERSION, &new_chunks(&chunks), false);
+        let got = write_packs(
+            &backend,
+            FORMAT_VERSION,
+            &new_chunks(&chunks),
+            Vec::new(),
+            false,
+        );
         match got {
             Err(Error::Io { message, .. }) => assert_eq!(message, "the device is gone"),
             other => panic!(

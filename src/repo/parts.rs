@@ -200,7 +200,7 @@ impl Store {
         }
         let mut index = IndexBody::default();
         let code = how == PartChunks::Coded;
-        for pack in write_packs(&*backend, b.chunks.format(), &new, code)? {
+        for pack in write_packs(&*backend, b.chunks.format(), &new, Vec::new(), code)? {
             stats.packs_written += 1;
             stats.chunks_written += pack.entries.len();
             stats.bytes_written += pack.size;

@@ -31,7 +31,7 @@ use rayon::prelude::*;
 use super::backend::Backend;
 use super::chunks::MAX_READ_CHAIN;
 use super::format::{corrupt, pack_key, Manifest};
-use super::pack::{read_stored, Form, Loc, MAX_DELTA_CHAIN};
+use super::pack::{read_stored, Loc, MAX_DELTA_CHAIN};
 use crate::buffer::Bytes;
 use crate::codec::{self, MIN_SAVING_DIVISOR};
 use crate::error::{Error, Result};
@@ -241,7 +241,7 @@ fn load_raw(
     }
     let key = pack_key(&stored[0].1.pack);
     let (last_id, last_loc, last) = stored.last().expect("one link at least");
-    let (links, base): (Vec<&[u8]>, Option<&[u8]>) = if last_loc.span.form == Form::Raw {
+    let (links, base): (Vec<&[u8]>, Option<&[u8]>) = if last_loc.span.form.is_plain() {
         if *last_id == id {
             let raw = super::pack::check_raw(&key, &id, &last_loc.span, last.clone())?;
             return Ok(raw);

@@ -1,6 +1,7 @@
 //! `Store::save` and `Store::save_as`: write what the repository lacks, in a crash-safe
 //! order, then move the refs with create-if-absent writes.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::path::Path;
 use std::sync::Arc;
@@ -11,12 +12,12 @@ use serde::{Deserialize, Serialize};
 use super::backend::open_path;
 use super::backend::{Backend, PutOutcome};
 use super::format::{
-    encode, index_key, manifest_key, pack_key, pruned_key, ref_key, time_parts, to_json,
-    version_key, EntryKind, HeadJson, IndexBody, IndexPack, Kind, ManifestBody, PrunedJson,
-    RefEntry, VersionBody, HEAD_KEY,
+    encode, index_key, manifest_key, manifests_packed, pack_key, pruned_key, ref_key, time_parts,
+    to_json, version_key, EntryKind, HeadJson, IndexBody, IndexPack, Kind, ManifestBody,
+    PrunedJson, RefEntry, VersionBody, HEAD_KEY, TRAILER_LEN,
 };
 use super::generation::{forget_collected, now_ns};
-use super::pack::{write_packs, Form, Loc, NewChunk, MAX_DELTA_CHAIN};
+use super::pack::{write_packs, Form, Loc, NewChunk, Stored, MAX_DELTA_CHAIN};
 use super::refs;
 use super::RepoLink;
 use crate::chunk::{Chunk, Pool};
@@ -330,9 +331,10 @@ impl Store {
     /// Write every version reachable from a branch, a tag or HEAD that the repository
     /// lacks, then move the refs and HEAD. Only chunks the repository lacks are written
     /// (a second save with nothing new writes no chunk); uncommitted changes are not
-    /// saved. Order: packs (and manifests beside them), barrier, index, versions, barrier
-    /// (fsync), refs (create-if-absent), then prune markers and HEAD, barrier. A crash at
-    /// any point leaves the previous save readable.
+    /// saved. Order: packs (the new manifests in the last one; in a repository of format
+    /// 3 or earlier, objects beside them), barrier, index, versions, barrier (fsync), refs
+    /// (create-if-absent), then prune markers and HEAD, barrier. A crash at any point
+    /// leaves the previous save readable.
     /// Afterwards, chunks held only by saved versions (not by the working state) leave the
     /// heap: they are read back from the repository when used.
     ///
@@ -610,8 +612,9 @@ pub(crate) fn save_into(
     write_refs(hist, b, stats)
 }
 
-/// Write the versions the repository lacks (or that gc recorded or deleted): packs and
-/// manifests, barrier, index, versions, barrier; record them in `b`. Returns whether
+/// Write the versions the repository lacks (or that gc recorded or deleted): packs with
+/// the manifests (format 4) or packs and manifest objects, barrier, index, versions,
+/// barrier; record them in `b`. Returns whether
 /// anything was written, and the keys of the objects written again or reused that a gc
 /// record lists.
 fn write_objects(
@@ -700,26 +703,48 @@ fn write_objects(
         }
     }
 
-    // The manifests the repository lacks, put while the packs are written (on a local
-    // disk the packs' syncer makes them durable meanwhile; on an object store their
-    // requests overlap the packs'): nothing trusts a manifest before the barrier below,
-    // and no reader takes a manifest's presence for its chunks'.
+    // The manifests the repository lacks. In format 4 they are entries of the last
+    // pack (one file for all of them, durable with the packs); before, objects of
+    // their own, put while the packs are written (on a local disk the packs' syncer
+    // makes them durable meanwhile; on an object store their requests overlap the
+    // packs'). Nothing trusts a manifest before the barrier below, and no reader takes
+    // a manifest's presence for its chunks'.
+    let packed = manifests_packed(b.chunks.format());
     let mut rewrote: HashSet<String> = HashSet::new();
     let mut manifests_new: HashSet<ContentHash> = HashSet::new();
     let mut manifest_ids: HashMap<(VersionId, &str), ContentHash> = HashMap::new();
     let mut manifest_objects: Vec<(String, Vec<u8>)> = Vec::new();
+    let mut manifest_entries: Vec<Stored<'_>> = Vec::new();
     for v in &todo {
         for (name, t) in hist.node(*v)?.vars.get()?.iter() {
-            let (bytes, id) = manifest_bytes(name, t)?;
+            let (mut bytes, id) = manifest_bytes(name, t)?;
             manifest_ids.insert((*v, name.as_str()), id);
-            let absent = !b.manifests.contains(&id)
-                || (!b.gc_keys.is_empty() && b.gc_keys.contains(&manifest_key(&id)));
+            let absent = match b.chunks.locate(&id) {
+                // In a pack: written again only if a gc record lists the pack.
+                Some(l) if l.span.form == Form::Manifest => b.gc_candidates.contains(&id),
+                _ => {
+                    !b.manifests.contains(&id)
+                        || (!b.gc_keys.is_empty() && b.gc_keys.contains(&manifest_key(&id)))
+                }
+            };
             if absent && manifests_new.insert(id) {
+                stats.manifests_written += 1;
+                if packed {
+                    // The object's bytes without the trailer (the id): BLAKE3 of the
+                    // stored bytes is the entry's id, as for a raw chunk.
+                    bytes.truncate(bytes.len() - TRAILER_LEN);
+                    manifest_entries.push(Stored {
+                        id,
+                        raw_len: bytes.len() as u64,
+                        bytes: Cow::Owned(bytes),
+                        form: Form::Manifest,
+                    });
+                    continue;
+                }
                 let key = manifest_key(&id);
                 if b.gc_keys.contains(&key) {
                     rewrote.insert(key.clone());
                 }
-                stats.manifests_written += 1;
                 stats.bytes_written += bytes.len() as u64;
                 manifest_objects.push((key, bytes));
             }
@@ -734,7 +759,7 @@ fn write_objects(
     let (packs, manifests_put) = std::thread::scope(|scope| {
         let manifests = (!manifest_objects.is_empty())
             .then(|| scope.spawn(|| backend.put_many(&manifest_objects)));
-        let packs = write_packs(&*backend, b.chunks.format(), &new, true);
+        let packs = write_packs(&*backend, b.chunks.format(), &new, manifest_entries, true);
         let put = manifests.map_or(Ok(()), |m| {
             m.join().unwrap_or_else(|p| std::panic::resume_unwind(p))
         });
@@ -748,8 +773,12 @@ fn write_objects(
             rewrote.insert(key);
         }
         stats.packs_written += 1;
-        stats.chunks_written += pack.entries.len();
-        for e in &pack.entries {
+        for e in pack
+            .entries
+            .iter()
+            .filter(|e| e.span.form != Form::Manifest)
+        {
+            stats.chunks_written += 1;
             stats.chunk_bytes_raw += e.span.raw_len();
             stats.chunk_bytes_stored += e.span.stored_len();
         }

@@ -247,7 +247,7 @@ pub(crate) fn parse_index(
         .packs
         .iter()
         .flat_map(|p| &p.chunks)
-        .any(|e| !e.plausible())
+        .any(|e| !e.plausible_in(version))
     {
         return Err(corrupt(
             path,

@@ -11,10 +11,22 @@ use crate::hash::ContentHash;
 /// and the highest it reads. Version 2 records each chunk's stored form (raw, planes or
 /// delta) in pack footers and index files; version 3 has the same objects and adds
 /// difference deltas ([`crate::codec::Method::DiffPlanes`]) to the chunk encodings
-/// packs may hold. Manifests, versions and gc records did not change and keep envelope
-/// version [`FORMAT_V1`], so their ids (and the versions' content addresses) are the
-/// same in repositories of every version.
-pub(crate) const FORMAT_VERSION: u16 = 3;
+/// packs may hold; version 4 stores the manifests a save writes as entries of its packs
+/// ([`manifests_packed`]). Manifests, versions and gc records did not change and keep
+/// envelope version [`FORMAT_V1`], so their ids (and the versions' content addresses)
+/// are the same in repositories of every version.
+pub(crate) const FORMAT_VERSION: u16 = 4;
+
+/// Format version 3: chunks raw, as byte planes, or as XOR or difference deltas; every
+/// manifest its own object. Repositories of this version are read, and written to in
+/// this version, so that the builds that wrote them keep reading them.
+pub(crate) const FORMAT_V3: u16 = 3;
+
+/// Whether a save into a repository of format `format` stores the manifests it writes
+/// as pack entries (`Form::Manifest`, format 4) rather than as objects of their own.
+pub(crate) fn manifests_packed(format: u16) -> bool {
+    format > FORMAT_V3
+}
 
 /// Format version 2: chunks raw, as byte planes or as XOR deltas. Repositories of this
 /// version are read, and written to in this version (no difference deltas), so that
