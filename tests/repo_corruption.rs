@@ -89,8 +89,7 @@ fn build(dir: &Path) -> BTreeMap<String, Contents> {
     store.prune(&Retention::keep_last(2)).unwrap();
     store.save().unwrap();
     store.gc_with(&GcOptions::immediate()).unwrap();
-    // A version committed from a part: a part writes its manifests as objects of their
-    // own (a save keeps them in its pack), so `manifests/` is damaged too.
+    // A version committed from a part (its chunks and manifests in the part's pack).
     let mut writer = Store::new();
     writer
         .insert("p", &ndarray::arr1(&[1.0f32, 2.0, 3.0]))
@@ -307,14 +306,9 @@ fn every_damaged_file_is_a_typed_error_naming_it_or_reads_correct_data() {
     // Every kind of file was damaged. Damage to each file the repository's data depends on
     // was detected and named; HEAD, gc records and prune markers are hints whose damage
     // falls back to the defaults (FORMAT.md), so there only correct data is allowed.
-    for kind in [
-        "config.json",
-        "packs",
-        "index",
-        "manifests",
-        "versions",
-        "refs",
-    ] {
+    // (Manifests are entries of packs: `repo_format_fixtures` damages the manifest
+    // objects of a format 3 repository.)
+    for kind in ["config.json", "packs", "index", "versions", "refs"] {
         let outcomes = kinds
             .get(kind)
             .unwrap_or_else(|| panic!("no `{kind}` file in the repository: {kinds:?}"));

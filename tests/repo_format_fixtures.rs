@@ -560,3 +560,59 @@ fn gc_rebases_a_format_2_repository_with_xor_deltas() {
         assert_eq!(again.snapshot(v).unwrap().get::<f32>("p").unwrap(), *want);
     }
 }
+
+#[test]
+fn a_damaged_manifest_of_a_format_3_repository_is_a_typed_error_naming_it() {
+    let good = fixture_copy(3);
+    let want = build_with(true);
+    let mut files: Vec<PathBuf> = Vec::new();
+    for sub in std::fs::read_dir(good.path().join("manifests")).unwrap() {
+        for f in std::fs::read_dir(sub.unwrap().path()).unwrap() {
+            files.push(f.unwrap().path().strip_prefix(good.path()).unwrap().into());
+        }
+    }
+    files.sort();
+    let mut named = 0;
+    for rel in &files {
+        for at in [0usize, 12, 40] {
+            let dir = fixture_copy(3);
+            let path = dir.path().join(rel);
+            let mut bytes = std::fs::read(&path).unwrap();
+            let at = at.min(bytes.len() - 1);
+            bytes[at] ^= 0x20;
+            std::fs::write(&path, &bytes).unwrap();
+            // Every version read in full: correct data, or an error naming the file.
+            let read = || -> Result<(), tensor_history::Error> {
+                let store = Store::open(dir.path())?;
+                let msgs = by_message(&store);
+                let wants = by_message(&want);
+                for (msg, id) in &msgs {
+                    assert_eq!(contents(&store, *id), contents(&want, wants[msg]), "{msg}");
+                }
+                store.verify()
+            };
+            let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                let store = Store::open(dir.path());
+                let store = match store {
+                    Ok(s) => s,
+                    Err(e) => return Err(e),
+                };
+                for id in store.versions() {
+                    store.snapshot(id)?;
+                }
+                read()
+            }));
+            match outcome {
+                Ok(Ok(())) => panic!("{}: damage at {at} was not noticed", rel.display()),
+                Ok(Err(tensor_history::Error::CorruptObject { path, .. }))
+                    if Path::new(&path) == rel =>
+                {
+                    named += 1
+                }
+                Ok(Err(e)) => panic!("{}: {e:?}", rel.display()),
+                Err(_) => panic!("{}: panicked", rel.display()),
+            }
+        }
+    }
+    assert_eq!(named, 3 * files.len());
+}

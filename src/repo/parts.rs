@@ -8,15 +8,16 @@
 //! [`Error::BranchMoved`]). Until that save, what the writers wrote is unreferenced:
 //! gc collects it once its grace period has passed.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
 use super::backend::{is_not_found, open_location, Backend};
-use super::format::{index_key, manifest_key, IndexBody, IndexPack};
+use super::format::{index_key, manifest_key, manifests_packed, IndexBody, IndexPack, TRAILER_LEN};
 use super::open::ManifestVars;
-use super::pack::{write_packs, NewChunk};
+use super::pack::{write_packs, Form, NewChunk, Stored};
 use super::save::{hash_chunks, manifest_bytes};
 use super::RepoLink;
 use crate::chunk::Chunk;
@@ -114,9 +115,10 @@ impl Store {
     /// Write every variable of the working state into the repository at `location` (a
     /// directory, created if absent, or a URL) as one writer's [`Part`] of a version that
     /// a coordinator commits with [`commit_parts`](Store::commit_parts): the chunks the
-    /// repository lacks into packs of this writer, an index of them, then every
-    /// variable's manifest that is not there already (one read each, concurrent on an
-    /// object store, as are the writes), then a barrier. No version, ref or HEAD is
+    /// repository lacks into packs of this writer, with every variable's manifest that no
+    /// index lists (format 4; in format 3 and earlier, objects written after the index
+    /// when not there already: one read each, concurrent on an object store, as are the
+    /// writes), an index of them, then a barrier. No version, ref or HEAD is
     /// written, and this
     /// store is not bound to the repository (it may be an in-memory store made for the
     /// purpose). Many writers may write parts into one repository at once.
@@ -198,11 +200,42 @@ impl Store {
                 });
             }
         }
+        // The manifests: in format 4 entries of this writer's last pack (those no index
+        // lists outside gc records; a pack is never written over), else objects.
+        let packed = manifests_packed(b.chunks.format());
+        let mut done = HashSet::new();
+        let mut tail: Vec<Stored<'_>> = Vec::new();
+        let mut manifests: Vec<(String, Vec<u8>)> = Vec::new();
+        for (name, t) in self.working.iter() {
+            let (mut bytes, id) = manifest_bytes(name, t)?;
+            stats.part.items.push((name.clone(), id));
+            if !done.insert(id) {
+                continue;
+            }
+            if !packed {
+                manifests.push((manifest_key(&id), bytes));
+            } else if !(b.chunks.locate(&id).is_some_and(|l| l.span.form.is_plain())
+                && !b.gc_candidates.contains(&id))
+            {
+                stats.manifests_written += 1;
+                bytes.truncate(bytes.len() - TRAILER_LEN);
+                tail.push(Stored {
+                    id,
+                    raw_len: bytes.len() as u64,
+                    bytes: Cow::Owned(bytes),
+                    form: Form::Manifest,
+                });
+            }
+        }
         let mut index = IndexBody::default();
         let code = how == PartChunks::Coded;
-        for pack in write_packs(&*backend, b.chunks.format(), &new, Vec::new(), code)? {
+        for pack in write_packs(&*backend, b.chunks.format(), &new, tail, code)? {
             stats.packs_written += 1;
-            stats.chunks_written += pack.entries.len();
+            stats.chunks_written += pack
+                .entries
+                .iter()
+                .filter(|e| e.span.form != Form::Manifest)
+                .count();
             stats.bytes_written += pack.size;
             index.packs.push(IndexPack {
                 pack: pack.id.0,
@@ -216,17 +249,9 @@ impl Store {
             backend.put(&index_key(&id), &bytes)?;
             stats.bytes_written += bytes.len() as u64;
         }
-        // Every manifest is read first, all at once (concurrently on an object store),
-        // then the ones not there whole are written, all at once.
-        let mut done = HashSet::new();
-        let mut manifests: Vec<(String, Vec<u8>)> = Vec::new();
-        for (name, t) in self.working.iter() {
-            let (bytes, id) = manifest_bytes(name, t)?;
-            if done.insert(id) {
-                manifests.push((manifest_key(&id), bytes));
-            }
-            stats.part.items.push((name.clone(), id));
-        }
+        // Manifest objects (format 3 and earlier): every one is read first, all at once
+        // (concurrently on an object store), then the ones not there whole are written,
+        // all at once.
         let keys: Vec<String> = manifests.iter().map(|(k, _)| k.clone()).collect();
         let mut absent = Vec::new();
         for (got, (key, bytes)) in backend.get_many(&keys).into_iter().zip(manifests) {
