@@ -214,8 +214,8 @@ impl Store {
             }
             if !packed {
                 manifests.push((manifest_key(&id), bytes));
-            } else if !(b.chunks.locate(&id).is_some_and(|l| l.span.form.is_plain())
-                && !b.gc_candidates.contains(&id))
+            } else if !b.chunks.locate(&id).is_some_and(|l| l.span.form.is_plain())
+                || b.gc_candidates.contains(&id)
             {
                 stats.manifests_written += 1;
                 bytes.truncate(bytes.len() - TRAILER_LEN);
