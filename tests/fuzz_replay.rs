@@ -58,7 +58,7 @@ const TARGETS: &[(&str, Runner, usize)] = &[
     ("store_actions", store_actions, 1),
     ("repo_object", repo_object, 9),
     ("safetensors_import", safetensors_import, 7),
-    ("chunk_decode", chunk_decode, 29),
+    ("chunk_decode", chunk_decode, 231),
 ];
 
 #[test]
