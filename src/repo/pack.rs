@@ -314,6 +314,19 @@ pub(crate) struct Stored<'a> {
 }
 
 impl Stored<'_> {
+    /// Manifest `id` as a pack entry ([`Form::Manifest`]), from its object's bytes:
+    /// the trailer (the id) is dropped, so that the BLAKE3 of the stored bytes is the
+    /// entry's id, as for a raw chunk.
+    pub(crate) fn manifest(id: ContentHash, mut object: Vec<u8>) -> Stored<'static> {
+        object.truncate(object.len() - TRAILER_LEN);
+        Stored {
+            id,
+            raw_len: object.len() as u64,
+            bytes: Cow::Owned(object),
+            form: Form::Manifest,
+        }
+    }
+
     /// A chunk stored raw.
     pub(crate) fn raw(id: ContentHash, raw: &[u8]) -> Stored<'_> {
         Stored {
@@ -714,31 +727,41 @@ fn gather_packs<'a>(
                     reason: "fewer coded chunks than chunks to code".into(),
                 })?,
             };
-            if !pending.is_empty() && pending_bytes + st.bytes.len() > PACK_TARGET_BYTES {
-                if !emit(std::mem::take(&mut pending)) {
-                    return Ok(());
-                }
-                pending_bytes = 0;
+            if !gather(&mut pending, &mut pending_bytes, st, &mut emit) {
+                return Ok(());
             }
-            pending_bytes += st.bytes.len();
-            pending.push(st);
         }
         start = end;
     }
     for st in tail {
-        if !pending.is_empty() && pending_bytes + st.bytes.len() > PACK_TARGET_BYTES {
-            if !emit(std::mem::take(&mut pending)) {
-                return Ok(());
-            }
-            pending_bytes = 0;
+        if !gather(&mut pending, &mut pending_bytes, st, &mut emit) {
+            return Ok(());
         }
-        pending_bytes += st.bytes.len();
-        pending.push(st);
     }
     if !pending.is_empty() {
         emit(pending);
     }
     Ok(())
+}
+
+/// Add `st` to the pack being gathered (`pending`, of `pending_bytes` stored bytes),
+/// first handing that pack to `emit` when `st` would take it past
+/// [`PACK_TARGET_BYTES`]; `false` when `emit` says stop.
+fn gather<'a>(
+    pending: &mut Vec<Stored<'a>>,
+    pending_bytes: &mut usize,
+    st: Stored<'a>,
+    emit: &mut impl FnMut(Vec<Stored<'a>>) -> bool,
+) -> bool {
+    if !pending.is_empty() && *pending_bytes + st.bytes.len() > PACK_TARGET_BYTES {
+        if !emit(std::mem::take(pending)) {
+            return false;
+        }
+        *pending_bytes = 0;
+    }
+    *pending_bytes += st.bytes.len();
+    pending.push(st);
+    true
 }
 
 /// The footer offset and length in a pack's last [`PACK_TAIL_LEN`] bytes `tail`, checked

@@ -8,14 +8,13 @@
 //! [`Error::BranchMoved`]). Until that save, what the writers wrote is unreferenced:
 //! gc collects it once its grace period has passed.
 
-use std::borrow::Cow;
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
 use super::backend::{is_not_found, open_location, Backend};
-use super::format::{index_key, manifest_key, manifests_packed, IndexBody, IndexPack, TRAILER_LEN};
+use super::format::{index_key, manifest_key, manifests_packed, IndexBody, IndexPack};
 use super::open::ManifestVars;
 use super::pack::{write_packs, Form, NewChunk, Stored};
 use super::save::{hash_chunks, manifest_bytes};
@@ -207,7 +206,7 @@ impl Store {
         let mut tail: Vec<Stored<'_>> = Vec::new();
         let mut manifests: Vec<(String, Vec<u8>)> = Vec::new();
         for (name, t) in self.working.iter() {
-            let (mut bytes, id) = manifest_bytes(name, t)?;
+            let (bytes, id) = manifest_bytes(name, t)?;
             stats.part.items.push((name.clone(), id));
             if !done.insert(id) {
                 continue;
@@ -218,13 +217,7 @@ impl Store {
                 || b.gc_candidates.contains(&id)
             {
                 stats.manifests_written += 1;
-                bytes.truncate(bytes.len() - TRAILER_LEN);
-                tail.push(Stored {
-                    id,
-                    raw_len: bytes.len() as u64,
-                    bytes: Cow::Owned(bytes),
-                    form: Form::Manifest,
-                });
+                tail.push(Stored::manifest(id, bytes));
             }
         }
         let mut index = IndexBody::default();

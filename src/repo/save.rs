@@ -1,7 +1,6 @@
 //! `Store::save` and `Store::save_as`: write what the repository lacks, in a crash-safe
 //! order, then move the refs with create-if-absent writes.
 
-use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::path::Path;
 use std::sync::Arc;
@@ -14,7 +13,7 @@ use super::backend::{Backend, PutOutcome};
 use super::format::{
     encode, index_key, manifest_key, manifests_packed, pack_key, pruned_key, ref_key, time_parts,
     to_json, version_key, EntryKind, HeadJson, IndexBody, IndexPack, Kind, ManifestBody,
-    PrunedJson, RefEntry, VersionBody, HEAD_KEY, TRAILER_LEN,
+    PrunedJson, RefEntry, VersionBody, HEAD_KEY,
 };
 use super::generation::{forget_collected, now_ns};
 use super::pack::{write_packs, Form, Loc, NewChunk, Stored, MAX_DELTA_CHAIN};
@@ -717,7 +716,7 @@ fn write_objects(
     let mut manifest_entries: Vec<Stored<'_>> = Vec::new();
     for v in &todo {
         for (name, t) in hist.node(*v)?.vars.get()?.iter() {
-            let (mut bytes, id) = manifest_bytes(name, t)?;
+            let (bytes, id) = manifest_bytes(name, t)?;
             manifest_ids.insert((*v, name.as_str()), id);
             let absent = match b.chunks.locate(&id) {
                 // In a pack: written again only if a gc record lists the pack.
@@ -730,15 +729,7 @@ fn write_objects(
             if absent && manifests_new.insert(id) {
                 stats.manifests_written += 1;
                 if packed {
-                    // The object's bytes without the trailer (the id): BLAKE3 of the
-                    // stored bytes is the entry's id, as for a raw chunk.
-                    bytes.truncate(bytes.len() - TRAILER_LEN);
-                    manifest_entries.push(Stored {
-                        id,
-                        raw_len: bytes.len() as u64,
-                        bytes: Cow::Owned(bytes),
-                        form: Form::Manifest,
-                    });
+                    manifest_entries.push(Stored::manifest(id, bytes));
                     continue;
                 }
                 let key = manifest_key(&id);
