@@ -828,3 +828,46 @@ fn large_planes_that_look_random_are_stored_raw_and_others_are_coded() {
     let repeated: Vec<u8> = block.iter().copied().cycle().take(len).collect();
     assert!(!coded(&repeated));
 }
+
+#[test]
+fn planes_of_one_repeated_byte_code_to_a_few_bytes_at_every_frame_size_boundary() {
+    // A plane of one byte repeated is a zstd frame of RLE blocks (at most 128 KiB each)
+    // whose content size field takes 1, 2 or 4 bytes by the plane's length; each length
+    // on and around those boundaries decodes bit for bit, through planes and deltas.
+    for n in [
+        1usize, 2, 255, 256, 257, 4095, 4096, 65535, 65536, 65791, 65792, 131071, 131072, 131073,
+        262144, 300001,
+    ] {
+        for value in [0.0f32, 1.0, -2.5e-3] {
+            let raw: Vec<u8> = std::iter::repeat_n(value.to_le_bytes(), n)
+                .flatten()
+                .collect();
+            let e = encode_as(Method::Planes, &raw, 4, None);
+            let blocks = n.div_ceil(128 << 10);
+            assert!(
+                e.len() <= HEADER_LEN + 4 * (4 + 1 + 4 + 4 * blocks) + 64,
+                "{n} elements of {value}: {} bytes",
+                e.len()
+            );
+            assert_eq!(
+                &*decode(e.as_bytes(), &id(&raw), raw.len(), None).unwrap(),
+                &raw[..],
+                "{n} elements of {value}"
+            );
+            // The same as a delta against a base that differs in its low byte only:
+            // the three high planes repeat one byte.
+            let base: Vec<u8> = raw
+                .chunks_exact(4)
+                .enumerate()
+                .flat_map(|(i, c)| {
+                    let mut c = [c[0], c[1], c[2], c[3]];
+                    c[0] ^= (i % 251) as u8;
+                    c
+                })
+                .collect();
+            for method in [Method::XorPlanes, Method::DiffPlanes] {
+                round_trip(method, &raw, 4, &base);
+            }
+        }
+    }
+}
