@@ -9,7 +9,7 @@
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
-use crate::chunk::Chunk;
+use crate::chunk::{Chunk, WeakChunk};
 use crate::encoded::{
     encoded_of, memory_of, run, BaseRef, Done, EncodedChunk, Item, Ledger, Memory, Plan,
     DELTA_ANCHOR_EVERY, DELTA_SPAN,
@@ -18,12 +18,20 @@ use crate::history::Vars;
 use crate::store::Store;
 use crate::version::VersionId;
 
-/// The raw chunks of `vars` if nothing in them is left to encode: every chunk encoded or
-/// in a repository and not loaded, or raw and in `hot`; `None` otherwise.
-fn settled_chunks(vars: &Vars, hot: &HashSet<usize>) -> Option<Vec<usize>> {
+/// The raw chunks in `hot` of `vars` if nothing in them is left to encode: every chunk
+/// encoded or in a repository and not loaded, or raw and in `hot`, or raw and in
+/// `kept_raw` (coding does not shrink it); `None` otherwise.
+fn settled_chunks(
+    vars: &Vars,
+    hot: &HashSet<usize>,
+    kept_raw: &HashMap<usize, WeakChunk>,
+) -> Option<Vec<usize>> {
     let mut raw = Vec::new();
     for c in vars.values().flat_map(|t| t.chunks()) {
         if c.len_bytes() == 0 || (c.source().is_some() && c.is_unloaded()) {
+            continue;
+        }
+        if c.source().is_none() && !hot.contains(&c.addr()) && kept_raw.contains_key(&c.addr()) {
             continue;
         }
         if c.source().is_some() || !hot.contains(&c.addr()) {
@@ -41,7 +49,8 @@ fn settled_chunks(vars: &Vars, hot: &HashSet<usize>) -> Option<Vec<usize>> {
 /// chunks counted once in a [`Ledger`] (what the history holds, without walking it), and
 /// which versions are *settled*: nothing in them left to encode (every chunk encoded or
 /// in a repository and not loaded, or raw and, when it settled, held by the working
-/// state or HEAD). A plan walks only the versions that are not settled.
+/// state or HEAD, or raw and found by a pass not to shrink by coding: an optimizer's
+/// step counter, noise). A plan walks only the versions that are not settled.
 ///
 /// A version is counted again when its variables were replaced (their stamp changed) or
 /// it is gone; a settled version is unsettled when one of its raw chunks is no longer
@@ -56,6 +65,13 @@ pub(crate) struct Record {
     raw_in: BTreeSet<(usize, VersionId)>,
     /// The chunks of the working state and HEAD at the last plan.
     hot: HashSet<usize>,
+    /// Raw chunks a pass found that coding does not shrink (an optimizer's step
+    /// counter, noise), by address: they stay raw and settled, and no pass codes them
+    /// again. A weak handle keeps the address from being reused while the entry lives;
+    /// entries of dead chunks are dropped as they accumulate.
+    kept_raw: HashMap<usize, WeakChunk>,
+    /// Entries in `kept_raw` after its last sweep of dead chunks.
+    kept_raw_swept: usize,
     ledger: Ledger,
     loads: u64,
 }
@@ -97,6 +113,18 @@ impl Record {
         }
     }
 
+    /// Remember the raw chunks a pass could not shrink; sweep out the dead ones when the
+    /// entries doubled since the last sweep (amortized O(1) per entry).
+    fn keep_raw(&mut self, chunks: &[Chunk]) {
+        for c in chunks {
+            self.kept_raw.insert(c.addr(), c.downgrade());
+        }
+        if self.kept_raw.len() > 2 * self.kept_raw_swept + 64 {
+            self.kept_raw.retain(|_, w| w.is_alive());
+            self.kept_raw_swept = self.kept_raw.len();
+        }
+    }
+
     fn is_settled(&self, id: VersionId) -> bool {
         self.versions.get(&id).is_some_and(|c| c.settled.is_some())
     }
@@ -127,8 +155,11 @@ impl Store {
         let r = &mut self.record;
         let loads = crate::chunk::loads();
         if loads != r.loads {
+            // What coding does not shrink stays so: only the counts are made again.
             *r = Record {
                 loads,
+                kept_raw: std::mem::take(&mut r.kept_raw),
+                kept_raw_swept: r.kept_raw_swept,
                 ..Record::default()
             };
         }
@@ -253,7 +284,7 @@ impl Store {
             let Some(vars) = node.vars.loaded() else {
                 continue;
             };
-            if let Some(raw) = settled_chunks(vars, &hot) {
+            if let Some(raw) = settled_chunks(vars, &hot, &self.record.kept_raw) {
                 settle.push((id, raw));
                 continue;
             }
@@ -277,6 +308,7 @@ impl Store {
                         || c.len_bytes() == 0
                         || hot.contains(&c.addr())
                         || planned.contains_key(&c.addr())
+                        || self.record.kept_raw.contains_key(&c.addr())
                     {
                         continue;
                     }
@@ -436,6 +468,7 @@ impl Store {
     /// drops below what it held before. So a history under the budget holds about the
     /// budget plus one working state.
     fn apply(&mut self, done: Done) {
+        self.record.keep_raw(done.kept_raw());
         if done.is_empty() {
             return;
         }
@@ -527,10 +560,11 @@ impl Store {
                 return held(self.memory());
             }
             let done = run(plan);
-            if done.is_empty() {
+            let encoded = !done.is_empty();
+            self.apply(done);
+            if !encoded {
                 return held(self.memory());
             }
-            self.apply(done);
         }
     }
 }
@@ -662,6 +696,55 @@ mod tests {
         for (k, copy) in copies.iter().enumerate() {
             let id = s.hist.live().nth(k).unwrap().0;
             assert_eq!(&s.snapshot(id).unwrap().get::<f32>("w").unwrap(), copy);
+        }
+    }
+
+    #[test]
+    fn chunks_that_coding_does_not_shrink_settle_and_are_not_coded_again() {
+        // Beside `w`, what an optimizer keeps: a step counter (one element, which no
+        // coding shrinks) and a tensor of noise (a different random chunk every step).
+        let mut s = pooled_store(f32::cos);
+        let noise = |step: u64| {
+            Array1::from_shape_fn(4096, |i| {
+                let mut z = (step << 32 | i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+                z ^= z >> 29;
+                f32::from_bits(z.wrapping_mul(0xbf58_476d_1ce4_e5b9) as u32)
+            })
+        };
+        s.insert("step", &Array1::from_elem(1, 0.0f32)).unwrap();
+        s.insert("noise", &noise(0)).unwrap();
+        s.commit("0").unwrap();
+        let mut copies = vec![["w", "step", "noise"].map(|n| s.get::<f32>(n).unwrap())];
+        for step in 1..30u64 {
+            s.update_map::<f32>("w", |x| x * (1.0 + 1e-6)).unwrap();
+            s.write("step", &Array1::from_elem(1, step as f32)).unwrap();
+            s.write("noise", &noise(step)).unwrap();
+            s.commit(&step.to_string()).unwrap();
+            copies.push(["w", "step", "noise"].map(|n| s.get::<f32>(n).unwrap()));
+            s.enforce_memory_budget();
+            // As with dense commits alone: HEAD and the version the last pass encoded
+            // last; every older one settled (its step counter and noise held raw), so a
+            // pass walks and codes only what is new whatever the history's length.
+            assert!(
+                unsettled_count(&s) <= 2,
+                "{} after commit {step}",
+                unsettled_count(&s)
+            );
+            assert_eq!(s.memory_now(), s.memory(), "after commit {step}");
+        }
+        // Encoded `w`, raw counter and noise: every version reads back as committed.
+        for (k, copy) in copies.iter().enumerate() {
+            let id = s.hist.live().nth(k).unwrap().0;
+            let got = s.snapshot(id).unwrap();
+            for (name, want) in ["w", "step", "noise"].iter().zip(copy) {
+                let have = got.get::<f32>(name).unwrap();
+                assert!(
+                    want.iter()
+                        .zip(&have)
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{name} of version {k}"
+                );
+            }
         }
     }
 

@@ -10,7 +10,9 @@
 //! taken against the key; any other against the position before it (the same
 //! variable's chunk at the same index in the parent version). A key of fewer than
 //! [`RAW_KEY_MIN_BYTES`] is coded in byte planes where that saves. A chunk that coding
-//! does not shrink stays raw, outside any group. Reading an encoded chunk decodes at
+//! does not shrink stays raw, outside any group, and no later pass codes it again (nor
+//! walks the version holding it: a history with one such chunk per version costs a
+//! pass what is new, not its length). Reading an encoded chunk decodes at
 //! most [`MAX_DELTA_CHAIN`] deltas on the key, in one pass
 //! ([`codec::decode_chain`]: one decompression per link, one hash check of the chunk's
 //! own bytes); the decoded bytes are kept by that handle until the next encoding pass
@@ -391,6 +393,8 @@ pub(crate) struct Plan {
 /// replacement).
 pub(crate) struct Done {
     chunks: HashMap<usize, (Chunk, Chunk)>,
+    /// The raw chunks that coding did not shrink (they stay as they are).
+    kept_raw: Vec<Chunk>,
     /// The plan the pass ran, dropped with the result: its bases may hold the decoded
     /// bytes (raw buffers) of the previous pass's newest version, and those buffers are
     /// freed where the result is applied, which bounds the buffer pool.
@@ -401,6 +405,7 @@ impl std::fmt::Debug for Done {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Done")
             .field("chunks", &self.chunks.len())
+            .field("kept_raw", &self.kept_raw.len())
             .finish_non_exhaustive()
     }
 }
@@ -414,6 +419,11 @@ impl Done {
     /// Whether the pass encoded nothing.
     pub(crate) fn is_empty(&self) -> bool {
         self.chunks.is_empty()
+    }
+
+    /// The raw chunks the pass found that coding does not shrink.
+    pub(crate) fn kept_raw(&self) -> &[Chunk] {
+        &self.kept_raw
     }
 }
 
@@ -518,12 +528,14 @@ impl AsRef<[u8]> for RawForm {
 
 /// Encode one item; with `keep`, the encoded handle keeps the raw bytes as its decoded
 /// bytes (no copy), so that a delta on it in the next pass needs no decoding.
+/// Encode one planned chunk: its address, the raw chunk and its encoded replacement, or
+/// (`Err`) the raw chunk when coding does not shrink it.
 fn encode_item(
     it: &Item,
     done: &HashMap<usize, (Chunk, Chunk)>,
     keep: bool,
     pool: &Weak<Pool>,
-) -> Option<(usize, Chunk, Chunk)> {
+) -> std::result::Result<(usize, Chunk, Chunk), Chunk> {
     let raw = it.raw.data();
     let base: Option<(ContentHash, Bytes, Arc<EncodedChunk>)> = match &it.base {
         BaseRef::None => None,
@@ -547,7 +559,7 @@ fn encode_item(
     let method = e.method();
     if method == Method::Raw && !(big && base.is_none()) {
         // Coding saves nothing: the chunk stays as it is.
-        return None;
+        return Err(it.raw.clone());
     }
     let (bytes, base) = if method.is_delta() {
         let (id, _, src) = base.expect("a delta has a base");
@@ -569,7 +581,7 @@ fn encode_item(
     } else {
         Chunk::stored(it.raw.hash(), it.raw.len_bytes(), enc)
     };
-    Some((it.raw.addr(), it.raw.clone(), chunk))
+    Ok((it.raw.addr(), it.raw.clone(), chunk))
 }
 
 /// Encode `plan` on this thread (and the crate's pool), version by version, oldest
@@ -580,6 +592,7 @@ fn encode_item(
 /// [`MAX_DELTA_CHAIN`] links per chunk for every version it encodes).
 pub(crate) fn run(plan: Plan) -> Done {
     let mut done = HashMap::new();
+    let mut kept_raw = Vec::new();
     let last = plan.versions.len().saturating_sub(1);
     for (v, items) in plan.versions.iter().enumerate() {
         let keep = v == last;
@@ -587,15 +600,21 @@ pub(crate) fn run(plan: Plan) -> Done {
             items
                 .par_iter()
                 .with_min_len(1)
-                .filter_map(|it| encode_item(it, &done, keep, &plan.pool))
+                .map(|it| encode_item(it, &done, keep, &plan.pool))
                 .collect()
         });
-        for (a, raw, enc) in out {
-            done.insert(a, (raw, enc));
+        for r in out {
+            match r {
+                Ok((a, raw, enc)) => {
+                    done.insert(a, (raw, enc));
+                }
+                Err(raw) => kept_raw.push(raw),
+            }
         }
     }
     Done {
         chunks: done,
+        kept_raw,
         _plan: plan,
     }
 }
