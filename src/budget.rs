@@ -650,6 +650,18 @@ mod tests {
             .count()
     }
 
+    /// After a pass: only HEAD and the version the last pass encoded last (it keeps its
+    /// decoded bytes for the next pass to start from) are left unsettled, and the
+    /// record's count of the memory held is the full walk's.
+    fn assert_only_the_newest_unsettled(s: &mut Store, step: impl std::fmt::Display) {
+        assert!(
+            unsettled_count(s) <= 2,
+            "{} after commit {step}",
+            unsettled_count(s)
+        );
+        assert_eq!(s.memory_now(), s.memory(), "after commit {step}");
+    }
+
     /// Every chunk of every live version is encoded, or raw and held by HEAD or the
     /// working state: nothing left for the budget to encode.
     fn assert_nothing_left_to_encode(s: &Store) {
@@ -681,16 +693,9 @@ mod tests {
             s.commit(&step.to_string()).unwrap();
             copies.push(s.get::<f32>("w").unwrap());
             s.enforce_memory_budget();
-            // HEAD, and the version the last pass encoded last (it keeps its decoded
-            // bytes for the next pass to start from); every older one settled. (Checked
-            // first: a chunk loaded by a test on another thread makes the record's next
-            // update count every version again.)
-            assert!(
-                unsettled_count(&s) <= 2,
-                "{} after commit {step}",
-                unsettled_count(&s)
-            );
-            assert_eq!(s.memory_now(), s.memory(), "after commit {step}");
+            // Every older version settled. (Checked first: a chunk loaded by a test on
+            // another thread makes the record's next update count every version again.)
+            assert_only_the_newest_unsettled(&mut s, step);
             assert_nothing_left_to_encode(&s);
         }
         for (k, copy) in copies.iter().enumerate() {
@@ -722,15 +727,10 @@ mod tests {
             s.commit(&step.to_string()).unwrap();
             copies.push(["w", "step", "noise"].map(|n| s.get::<f32>(n).unwrap()));
             s.enforce_memory_budget();
-            // As with dense commits alone: HEAD and the version the last pass encoded
-            // last; every older one settled (its step counter and noise held raw), so a
-            // pass walks and codes only what is new whatever the history's length.
-            assert!(
-                unsettled_count(&s) <= 2,
-                "{} after commit {step}",
-                unsettled_count(&s)
-            );
-            assert_eq!(s.memory_now(), s.memory(), "after commit {step}");
+            // As with dense commits alone, every older version settled (its step counter
+            // and noise held raw), so a pass walks and codes only what is new whatever
+            // the history's length.
+            assert_only_the_newest_unsettled(&mut s, step);
         }
         // Encoded `w`, raw counter and noise: every version reads back as committed.
         for (k, copy) in copies.iter().enumerate() {

@@ -841,17 +841,18 @@ fn rle_frame(byte: u8, len: usize, frame: &mut Vec<u8>) {
     // (bit 5); no checksum, no dictionary. With a single segment the content size field
     // is 1, 2 (the size less 256), 4 or 8 bytes for the flags 0-3.
     let len64 = len as u64;
-    let (flag, size): (u8, Vec<u8>) = if len64 < 256 {
-        (0, vec![len as u8])
+    let (flag, size_bytes) = if len64 < 256 {
+        (0u8, 1)
     } else if len64 < 256 + 65536 {
-        (1, ((len64 - 256) as u16).to_le_bytes().to_vec())
-    } else if let Ok(n) = u32::try_from(len64) {
-        (2, n.to_le_bytes().to_vec())
+        (1, 2)
+    } else if len64 <= u64::from(u32::MAX) {
+        (2, 4)
     } else {
-        (3, len64.to_le_bytes().to_vec())
+        (3, 8)
     };
+    let size = if flag == 1 { len64 - 256 } else { len64 };
     frame.push(flag << 6 | 1 << 5);
-    frame.extend_from_slice(&size);
+    frame.extend_from_slice(&size.to_le_bytes()[..size_bytes]);
     let mut left = len;
     while left > 0 {
         let n = left.min(ZSTD_MAX_BLOCK);

@@ -526,10 +526,10 @@ impl AsRef<[u8]> for RawForm {
     }
 }
 
-/// Encode one item; with `keep`, the encoded handle keeps the raw bytes as its decoded
-/// bytes (no copy), so that a delta on it in the next pass needs no decoding.
 /// Encode one planned chunk: its address, the raw chunk and its encoded replacement, or
-/// (`Err`) the raw chunk when coding does not shrink it.
+/// (`Err`) the raw chunk when coding does not shrink it. With `keep`, the encoded handle
+/// keeps the raw bytes as its decoded bytes (no copy), so that a delta on it in the next
+/// pass needs no decoding.
 fn encode_item(
     it: &Item,
     done: &HashMap<usize, (Chunk, Chunk)>,
