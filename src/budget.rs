@@ -31,13 +31,15 @@ fn settled_chunks(
         if c.len_bytes() == 0 || (c.source().is_some() && c.is_unloaded()) {
             continue;
         }
-        if c.source().is_none() && !hot.contains(&c.addr()) && kept_raw.contains_key(&c.addr()) {
-            continue;
-        }
-        if c.source().is_some() || !hot.contains(&c.addr()) {
+        let a = c.addr();
+        if c.source().is_some() {
             return None;
         }
-        raw.push(c.addr());
+        if hot.contains(&a) {
+            raw.push(a);
+        } else if !kept_raw.contains_key(&a) {
+            return None;
+        }
     }
     raw.sort_unstable();
     raw.dedup();

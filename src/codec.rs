@@ -841,16 +841,15 @@ fn rle_frame(byte: u8, len: usize, frame: &mut Vec<u8>) {
     // (bit 5); no checksum, no dictionary. With a single segment the content size field
     // is 1, 2 (the size less 256), 4 or 8 bytes for the flags 0-3.
     let len64 = len as u64;
-    let (flag, size_bytes) = if len64 < 256 {
-        (0u8, 1)
+    let (flag, size, size_bytes) = if len64 < 256 {
+        (0u8, len64, 1)
     } else if len64 < 256 + 65536 {
-        (1, 2)
+        (1, len64 - 256, 2)
     } else if len64 <= u64::from(u32::MAX) {
-        (2, 4)
+        (2, len64, 4)
     } else {
-        (3, 8)
+        (3, len64, 8)
     };
-    let size = if flag == 1 { len64 - 256 } else { len64 };
     frame.push(flag << 6 | 1 << 5);
     frame.extend_from_slice(&size.to_le_bytes()[..size_bytes]);
     let mut left = len;
