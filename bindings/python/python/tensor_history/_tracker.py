@@ -18,38 +18,91 @@ from __future__ import annotations
 import json
 import math
 import os
+import warnings
+import weakref
 from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
 
 import numpy as np
 
 from ._core import PendingSave, SaveStats, Store, Version
-from ._errors import PrunedVersion, TrialError, UncommittedChanges, UnknownVersion
+from ._errors import (CorruptObject, OpenFallbackWarning, PrunedVersion, TrialError,
+                      UncommittedChanges, UnknownVersion)
 
-__all__ = ["DEFAULT_BUDGET_MODELS", "AssignTracker", "Tracker", "Trial", "default_budget",
-           "tracker_store"]
+__all__ = ["DEFAULT_BUDGET_MODELS", "DEFAULT_BUDGET_STATES", "AssignTracker", "Tracker", "Trial",
+           "default_budget", "follow_budget", "tracker_store"]
 
-#: A tracker made without a store gets a store whose memory budget is this many times
-#: the model's bytes at the time of tracking (its variables, without the optimizer's;
-#: for a JAX pytree, the whole tree): room for HEAD, an optimizer state of two moments,
-#: and a working copy. Versions past it are kept encoded as lossless deltas (see
-#: ``Store(memory_budget=...)``), so a dense training loop that keeps every step does
-#: not hold a full copy per step.
-DEFAULT_BUDGET_MODELS = 4
+#: A tracker that makes its own store (``track()`` without ``store=``) gives it a memory
+#: budget of this many *states*, a state being everything the tracker tracks: the
+#: model's tensors and the optimizer's (for AdamW, the weights and two moments: three
+#: times the model). Two states are HEAD and the working copy, held raw; the rest holds
+#: older versions encoded as lossless deltas, and when those pass it the oldest go
+#: (spilled to the repository with ``path=``, else dropped unless a branch, tag or the
+#: reflog holds them; see ``Store(memory_budget=...)``). So a dense training loop that
+#: keeps every step holds at most this many states (plus the one being committed),
+#: however long it runs. The budget follows the state as it grows (an optimizer's state
+#: appears at its first step). ``track(..., memory_budget=bytes)`` sets another, fixed
+#: budget; ``memory_budget=None`` none.
+DEFAULT_BUDGET_STATES = 4
+#: The same number under its earlier name.
+DEFAULT_BUDGET_MODELS = DEFAULT_BUDGET_STATES
+
+#: Stores made by :func:`tracker_store` whose budget follows the tracked state.
+_AUTO_BUDGET: "weakref.WeakSet[Store]" = weakref.WeakSet()
 
 
 def default_budget(model_bytes: int) -> Optional[int]:
-    """The memory budget of a tracker's own store for a model of `model_bytes` bytes:
-    ``DEFAULT_BUDGET_MODELS`` times that (``None``, no budget, for a model of no bytes)."""
-    return DEFAULT_BUDGET_MODELS * model_bytes if model_bytes > 0 else None
+    """The memory budget of a tracker's own store for a tracked state of `model_bytes`
+    bytes: ``DEFAULT_BUDGET_STATES`` times that (``None``, no budget, for no bytes)."""
+    return DEFAULT_BUDGET_STATES * model_bytes if model_bytes > 0 else None
 
 
-def tracker_store(path: Union[str, "os.PathLike[str]", None], model_bytes: int) -> Store:
+_AUTO = object()
+
+
+def tracker_store(path: Union[str, "os.PathLike[str]", None], model_bytes: int,
+                  memory_budget: Any = _AUTO) -> Store:
     """The store a ``track()`` call makes: in memory (`path` ``None``) or the repository
-    at `path` (opened or created), with :func:`default_budget` of `model_bytes`."""
-    budget = default_budget(model_bytes)
+    at `path` (opened or created). Its budget is `memory_budget` bytes when given
+    (``None``: no budget), else :func:`default_budget` of `model_bytes`, raised as the
+    tracker's state grows (see ``DEFAULT_BUDGET_STATES``).
+
+    Raises ``CorruptObject`` if the repository's HEAD does not read and ``Store.open``
+    fell back to an older version: a tracker would resume from that older state without
+    a word. To resume from it knowingly, open the store yourself and pass ``store=``
+    (``store.open_fallback`` says where it started)."""
+    auto = memory_budget is _AUTO
+    budget = default_budget(model_bytes) if auto else memory_budget
     if path is None:
-        return Store(memory_budget=budget)
-    return Store.open(path, memory_budget=budget)
+        store = Store(memory_budget=budget)
+    else:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", OpenFallbackWarning)
+            store = Store.open(path, memory_budget=budget)
+        f = store.open_fallback
+        if f is not None:
+            where = f"branch `{f.branch}`" if f.branch is not None else "HEAD"
+            raise CorruptObject(
+                f"cannot resume from `{path}`: {where} is at version {f.wanted}, which does "
+                f"not read ({f.error}); the repository opened at an older version, "
+                f"{f.opened_at}. To resume from that one, open it yourself and pass it: "
+                f"track(..., store=tensor_history.Store.open(path))",
+                path=str(path), reason=f.error)
+    if auto:
+        _AUTO_BUDGET.add(store)
+    return store
+
+
+def follow_budget(store: Store, state_bytes: int) -> None:
+    """Raise the budget of a store :func:`tracker_store` made to
+    ``DEFAULT_BUDGET_STATES`` times `state_bytes` (the bytes the tracker tracks now)
+    when that is more: an optimizer's state appears at its first step. Other stores'
+    budgets are the caller's and stay as they are. O(1)."""
+    if store not in _AUTO_BUDGET:
+        return
+    want = default_budget(state_bytes)
+    have = store.memory_budget
+    if want is not None and (have is None or want > have):
+        store.memory_budget = want
 
 
 def _dtype_name(d: np.dtype) -> str:
@@ -146,7 +199,7 @@ class Tracker:
         resume: Optional[bool] = None,
         copy_in_background: bool = False,
     ) -> None:
-        # Without a store, one of the default memory budget (see DEFAULT_BUDGET_MODELS).
+        # Without a store, one of the default memory budget (see DEFAULT_BUDGET_STATES).
         self.store = store if store is not None else tracker_store(None, self._model_bytes())
         self.trust_versions = trust_versions
         # copy_in_background: the tokens of the tensors a commit copies on another thread
@@ -192,6 +245,21 @@ class Tracker:
         """The model's bytes (its tensors, without the optimizer's), from their shapes and
         dtypes without reading them: what :func:`default_budget` is computed from."""
         raise NotImplementedError
+
+    def _nbytes(self, t: Any) -> int:
+        """The bytes of tracked tensor `t` (what the default budget counts), from its
+        shape and dtype without reading it."""
+        n = getattr(t, "nbytes", None)
+        if isinstance(n, (int, np.integer)):
+            return int(n)
+        numel, size = getattr(t, "numel", None), getattr(t, "element_size", None)
+        if callable(numel) and callable(size):
+            return int(numel()) * int(size())  # torch
+        elems = int(np.prod([int(d) for d in getattr(t, "shape", ())], dtype=np.int64))
+        width = getattr(t.dtype, "size", None)  # a TensorFlow DType
+        if not isinstance(width, int):
+            width = np.dtype(t.dtype).itemsize
+        return elems * width
 
     def _live(self) -> Tuple[Dict[str, Any], Dict[str, Any], set]:
         """Every tracked tensor by store name (tied tensors once), their identity tokens
@@ -371,6 +439,7 @@ class Tracker:
         self.store.sync(arrays)
         for n in gone:
             self.store.remove(n)
+        follow_budget(self.store, sum(self._nbytes(t) for t in entries.values()))
         if later:
             v = self.store.commit_later(later, self._check_pending, message, **meta)
             self._bg_pending = {n: tokens[n] for n in later}
