@@ -1,6 +1,8 @@
 """The DCP storage layer on S3: the tests of test_dcp.py that matter for an object store
 (4 ranks save, loads into 2 and 1, a 1% second save, a failed save, two coordinators
-racing) against an S3-compatible server.
+racing) against an S3-compatible server, and that reading a prefix with no repository
+(a load, ``whole_tensors``, ``validate_checkpoint_id``), or a save refused for its
+branch, writes nothing to the bucket.
 
 Runs when TH_S3_BUCKET names a bucket and the AWS_* variables the `s3` feature reads
 (AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION, AWS_ALLOW_HTTP
@@ -28,7 +30,15 @@ from test_dcp import (  # noqa: F401  (_own_process: the autouse fixture applies
     save_step,
 )
 
+from test_dcp_locations import (
+    NO_REPOSITORY,
+    load_expecting_failure,
+    rank_texts,
+    save_expecting_failure,
+)
+
 import tensor_history as th
+from tensor_history.torch.dcp import StorageReader, whole_tensors
 
 _REQUIRED = os.environ.get("TH_REQUIRE_S3") == "1"
 
@@ -106,3 +116,38 @@ def test_s3_two_coordinators_creating_one_branch_one_wins_and_the_other_raises(
     r = th.Store.open(s3_saved_by_4)
     assert [x.message for x in r.log(branch)] == ["a"]
     assert np.array_equal(r.get("x", at=branch), np.full(1000, 1, dtype=np.float32))
+
+
+def assert_no_repository(prefix):
+    """Nothing was written under `prefix`: it still opens as no repository (a prefix
+    holding any object without a config.json would be UnsupportedFormat instead)."""
+    with pytest.raises(th.NoRepository):
+        th.Store.open(prefix, create=False)
+
+
+def test_s3_a_read_of_a_prefix_with_no_repository_says_so_and_writes_nothing(tmp_path):
+    prefix = _s3_prefix() + "/typo"
+    assert not StorageReader.validate_checkpoint_id(prefix)
+    with pytest.raises(th.NoRepository) as e:
+        whole_tensors(prefix)
+    assert NO_REPOSITORY in str(e.value)
+    assert_no_repository(prefix)
+    out = str(tmp_path / "err")
+    run(2, tmp_path, load_expecting_failure, prefix, "main", out)
+    for text in rank_texts(out, 2):
+        assert NO_REPOSITORY in text, text
+    assert_no_repository(prefix)
+    assert not StorageReader.validate_checkpoint_id(prefix)
+
+
+def test_s3_validate_checkpoint_id_is_true_for_a_repository(s3_saved_by_4):
+    assert StorageReader.validate_checkpoint_id(s3_saved_by_4)
+
+
+def test_s3_a_save_refused_for_its_branch_writes_nothing(tmp_path):
+    prefix = _s3_prefix() + "/bad-branch"
+    out = str(tmp_path / "err")
+    run(2, tmp_path, save_expecting_failure, prefix, "bad name", out)
+    for text in rank_texts(out, 2):
+        assert "InvalidRefName" in text, text
+    assert_no_repository(prefix)

@@ -30,6 +30,23 @@ complex, 8-bit floats) are kept as their raw bytes (``uint8``, one more axis).
 
 Loading reads only the items of the rank's plan, each once; DCP's planner reshards from
 the stored metadata, so a checkpoint saved by 4 ranks loads into 2 or 1.
+
+Reading never creates: ``StorageReader``, ``whole_tensors`` and ``export_safetensors``
+open the repository with ``Store.open(..., create=False)``, so a mistyped location raises
+``NoRepository`` (a ``FileNotFoundError``) and is left as it was (no directory, no
+``config.json``; on a URL, nothing written to the bucket), and ``validate_checkpoint_id``
+stays false there. A ref the repository lacks raises ``UnknownRef`` naming the branches
+and tags it has; a version that is not a DCP save (no ``.dcp/metadata``) raises
+``NotADcpSave``. Only a ``StorageWriter`` creates a repository (its coordinator, before
+any rank writes).
+
+``StorageWriter`` checks ``branch`` with the core's ref-name rules when it is made
+(``InvalidRefName``) and again on every rank when a save starts, and the coordinator
+refuses a ``branch`` that is a tag of the repository (``WrongRefKind``) before any rank
+writes. Through ``dcp.load`` and ``dcp.save`` these errors reach every rank inside DCP's
+``CheckpointException``, whose text names the error's type and message (a failed
+``read_metadata`` only by its message: recent torch retries it for rank-local metadata and
+then raises an ``AssertionError`` quoting it).
 """
 
 from __future__ import annotations
@@ -66,10 +83,19 @@ from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
 from .._core import Store
-from .._errors import DTypeMismatch, ShapeMismatch
+from .._errors import (
+    DTypeMismatch,
+    InvalidRefName,
+    RefExists,
+    ShapeMismatch,
+    TensorHistoryError,
+    UnknownRef,
+    UnknownVariable,
+    WrongRefKind,
+)
 
 __all__ = ["StorageWriter", "StorageReader", "METADATA_NAME", "VersionMismatch",
-           "whole_tensors", "export_safetensors"]
+           "NotADcpSave", "whole_tensors", "export_safetensors"]
 
 #: The name of the tensor holding DCP's pickled ``Metadata`` in every DCP version.
 METADATA_NAME = ".dcp/metadata"
@@ -155,6 +181,83 @@ def _location(x) -> str:
     return os.fspath(x)
 
 
+def _open_existing(location: str) -> Store:
+    """The repository at `location`, for reading: ``NoRepository`` where there is none,
+    and nothing is created there (no directory, no ``config.json``)."""
+    return Store.open(location, create=False)
+
+
+#: How many names of each kind a missing ref's message lists.
+_REFS_LISTED = 20
+
+
+def _names(names: list) -> str:
+    shown = ", ".join(names[:_REFS_LISTED])
+    more = len(names) - _REFS_LISTED
+    return shown + (f" and {more} more" if more > 0 else "")
+
+
+def _resolve(store: Store, location: str, ref) -> str:
+    """The content address of the version `ref` names. A branch or tag the repository
+    lacks is ``UnknownRef`` (``name``), its message naming the branches and tags the
+    repository has."""
+    try:
+        return store.version_hash(ref)
+    except UnknownRef:
+        refs = store.refs()
+    branches = sorted(name for name, kind, _ in refs if kind == "branch")
+    tags = sorted(name for name, kind, _ in refs if kind == "tag")
+    if not branches and not tags:
+        there = ": it has no branch or tag (nothing was saved there yet)"
+    else:
+        there = " (" + "; ".join(f"its {label}: {_names(names)}" for label, names in
+                                 (("branches", branches), ("tags", tags)) if names) + ")"
+    raise UnknownRef(f"no branch or tag {ref!r} in the repository at `{location}`{there}",
+                     name=ref)
+
+
+class NotADcpSave(TensorHistoryError, KeyError):
+    """The version a DCP read was given is not a DCP save: it has no ``.dcp/metadata``
+    tensor (``location``, ``ref``, ``version``: its content address)."""
+
+
+def _read_metadata(store: Store, version: str, location: str = "", ref=None) -> Metadata:
+    """The DCP ``Metadata`` of `version` (a content address); ``NotADcpSave`` if it has
+    none."""
+    try:
+        blob = store.get(METADATA_NAME, at=version)
+    except UnknownVariable as e:
+        if getattr(e, "name", None) != METADATA_NAME:
+            raise
+        what = f"{ref!r} (version {version})" if ref not in (None, version) else version
+        raise NotADcpSave(
+            f"{what} of the repository at `{location}` is not a DCP save: it has no "
+            f"{METADATA_NAME!r} tensor (a version saved by another writer than "
+            "tensor_history.torch.dcp.StorageWriter)",
+            location=location, ref=ref if ref is not None else version, version=version,
+        ) from None
+    return pickle.loads(blob.tobytes())
+
+
+def _check_branch(name) -> str:
+    """`name` if it can be a branch by the core's rules (``Store.branch``'s:
+    ``InvalidRefName`` for an empty name, ``HEAD``, white space or control characters, a
+    version id such as ``v12``, more than 255 bytes as a repository key); ``TypeError``
+    for a name that is not a ``str``. Reads and writes nothing."""
+    if not isinstance(name, str):
+        raise TypeError(f"StorageWriter: branch must be a str, not {type(name).__name__}")
+    probe = Store()
+    probe.commit("probe")
+    try:
+        probe.branch(name)
+    except RefExists:
+        pass  # the probe's own branch: a valid name
+    except InvalidRefName as e:
+        raise InvalidRefName(f"StorageWriter's branch: {e}",
+                             **vars(e)) from None
+    return name
+
+
 def _version_key(t: torch.Tensor):
     """What ``trust_versions`` compares between saves: memory, layout and in-place
     version counter of a contiguous CPU tensor (``None`` for any other)."""
@@ -192,15 +295,24 @@ class StorageWriter(_DcpWriter):
     is not reused by others meanwhile. Writes that bypass the counter are missed and
     the save stores the old values: through ``.numpy()`` views or ``.data``, and fused
     optimizers (``Adam(fused=True)``) that leave the counters alone. Off by default.
+
+    ``branch`` must be a valid branch name by the core's rules (``InvalidRefName`` here
+    otherwise; ``TypeError`` for a name that is not a ``str``); a ``branch`` set after
+    construction is checked on every rank when a save starts, before any I/O, so every
+    rank fails alike. The coordinator opens (or creates) the repository before any rank
+    writes and refuses a ``branch`` that is a tag there (``WrongRefKind``); a tag made
+    under that name by another process after this writer's last save is found when the
+    version is committed (``WrongRefKind`` from ``finish``: no version, the ranks' parts
+    are garbage for ``Store.gc``).
     """
 
     def __init__(self, location, branch: str = "main", message: Optional[str] = None,
                  compress: bool = False, trust_versions: bool = False, **meta: Any) -> None:
         super().__init__()
+        self.branch = _check_branch(branch)
         self.compress = bool(compress)
         self.trust_versions = bool(trust_versions)
         self.location = _location(location)
-        self.branch = branch
         self.message = message if message is not None else "dcp save"
         self.meta = meta
         self.is_coordinator = False
@@ -215,12 +327,10 @@ class StorageWriter(_DcpWriter):
         # trust_versions: item name -> (tensor, _version_key) at the last save
         self._seen: dict = {}
         self._repo: Optional[Store] = None  # the coordinator's, kept from save to save
-        self._repo_ready = False
 
     def reset(self, checkpoint_id=None) -> None:
         if checkpoint_id and _location(checkpoint_id) != self.location:
             self.location = _location(checkpoint_id)
-            self._repo_ready = False
             self._store = None
             self._seen = {}
             if self._repo is not None:
@@ -229,6 +339,8 @@ class StorageWriter(_DcpWriter):
         self.save_id = uuid.uuid4().hex
 
     def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        # Every rank, before any I/O: a branch set after construction fails every rank.
+        _check_branch(self.branch)
         self.is_coordinator = is_coordinator
         self.rank = kwargs.get("rank")
 
@@ -236,15 +348,21 @@ class StorageWriter(_DcpWriter):
         return plan
 
     def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
-        # The coordinator, before any rank's write_data: create the repository if it is
-        # absent, so that the ranks do not all create it at once. (Creation by
-        # concurrent writers is not safe on an object store: a writer that finds no
-        # config.json but another writer's first object raises UnsupportedFormat.) Once
-        # per writer; on a local directory only while it has no config.json.
-        if not self._repo_ready:
-            if not _is_repository(self.location):
-                Store.open(self.location).close()
-            self._repo_ready = True
+        # The coordinator, before any rank's write_data: open the repository, creating
+        # it if it is absent, so that the ranks do not all create it at once. (Creation
+        # by concurrent writers is not safe on an object store: a writer that finds no
+        # config.json but another writer's first object raises UnsupportedFormat.) It
+        # stays open for finish (which takes in the ranks' parts with a refresh). A
+        # branch that is a tag there fails the save here, before any rank writes (DCP
+        # raises it on every rank).
+        if self._repo is None:
+            self._repo = Store.open(self.location)
+        for name, kind, _ in self._repo.refs():
+            if name == self.branch and kind != "branch":
+                raise WrongRefKind(
+                    f"`{self.branch}` is a {kind} of the repository at `{self.location}`, "
+                    "not a branch: a DCP save moves a branch (StorageWriter(branch=...))",
+                    name=self.branch, expected="branch")
         return plans
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
@@ -340,14 +458,30 @@ class StorageWriter(_DcpWriter):
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id) -> bool:
+        """Whether a tensor-history repository is at ``checkpoint_id`` (see
+        ``StorageReader.validate_checkpoint_id``); creates nothing."""
         return _is_repository(checkpoint_id)
 
 
 def _is_repository(checkpoint_id) -> bool:
+    """Whether a repository is at `checkpoint_id`, creating nothing: a local directory's
+    ``config.json`` is read; a URL is opened with ``create=False``."""
     try:
-        with open(os.path.join(os.fspath(checkpoint_id), "config.json"), "rb") as f:
+        location = os.fspath(checkpoint_id)
+    except TypeError:
+        return False
+    if isinstance(location, bytes):
+        return False
+    if "://" in location:
+        try:
+            _open_existing(location).close()
+        except (TensorHistoryError, OSError, ValueError):
+            return False
+        return True
+    try:
+        with open(os.path.join(location, "config.json"), "rb") as f:
             return b'"tensor-history"' in f.read(4096)
-    except (OSError, TypeError):
+    except OSError:
         return False
 
 
@@ -365,6 +499,12 @@ class StorageReader(_DcpReader):
     (another layout, such as a save by another world size) the load raises
     ``VersionMismatch`` (a ``RuntimeError``, in DCP's ``CheckpointException``): load a
     fixed version (a tag or a content address) instead.
+
+    The reader never creates: where there is no repository at ``location``, a load
+    raises ``NoRepository`` and leaves the location as it was. A ``ref`` the repository
+    lacks raises ``UnknownRef`` naming the branches and tags it has; a version that is
+    not a DCP save raises ``NotADcpSave``. (Through ``dcp.load``, in DCP's
+    ``CheckpointException`` on every rank.)
     """
 
     def __init__(self, location, ref: str = "main") -> None:
@@ -386,14 +526,13 @@ class StorageReader(_DcpReader):
 
     def _open(self) -> Store:
         if self._store is None:
-            self._store = Store.open(self.location)
+            self._store = _open_existing(self.location)
         return self._store
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         store = self._open()
-        self.version = store.version_hash(self.ref)
-        blob = store.get(METADATA_NAME, at=self.version)
-        metadata = pickle.loads(blob.tobytes())
+        self.version = _resolve(store, self.location, self.ref)
+        metadata = _read_metadata(store, self.version, self.location, self.ref)
         if getattr(metadata, "storage_meta", None) is None:
             metadata.storage_meta = StorageMeta()
         metadata.storage_meta.load_id = self.load_id
@@ -405,7 +544,7 @@ class StorageReader(_DcpReader):
             raise ValueError("the checkpoint's metadata has no storage data")
         self.storage_data = metadata.storage_data
         if self.version is None:
-            self.version = self._open().version_hash(self.ref)
+            self.version = _resolve(self._open(), self.location, self.ref)
 
     def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
         return dataclasses.replace(plan, storage_data=self.version)
@@ -418,10 +557,10 @@ class StorageReader(_DcpReader):
         # from the metadata it read; pinning this coordinator's version for all is valid
         # when every version's metadata describes the same stored items. (A fresh
         # store: the other ranks' versions may be newer than this one's open.)
-        store = Store.open(self.location)
-        mine = _layout(_read_metadata(store, self.version))
+        store = _open_existing(self.location)
+        mine = _layout(_read_metadata(store, self.version, self.location))
         differ = sorted(v for v in seen - {self.version}
-                        if _layout(_read_metadata(store, v)) != mine)
+                        if _layout(_read_metadata(store, v, self.location)) != mine)
         if differ:
             raise VersionMismatch(
                 f"ranks resolved {self.ref!r} to different versions {sorted(seen)} (it moved "
@@ -438,7 +577,8 @@ class StorageReader(_DcpReader):
             # version may be newer than this rank's open).
             self._store = None
             self.version = plan.storage_data
-            self.storage_data = _read_metadata(self._open(), self.version).storage_data
+            self.storage_data = _read_metadata(self._open(), self.version,
+                                               self.location).storage_data
         store = self._open()
         by_name: dict[str, list] = {}
         for req in plan.items:
@@ -487,11 +627,10 @@ class StorageReader(_DcpReader):
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id) -> bool:
+        """Whether a tensor-history repository is at ``checkpoint_id``: a local
+        directory with a tensor-history ``config.json``, or a URL that opens as one.
+        Creates nothing."""
         return _is_repository(checkpoint_id)
-
-
-def _read_metadata(store: Store, version: str) -> Metadata:
-    return pickle.loads(store.get(METADATA_NAME, at=version).tobytes())
 
 
 class VersionMismatch(RuntimeError):
@@ -516,16 +655,24 @@ def whole_tensors(location, ref: str = "main") -> dict:
     its saved dtype) and every bytes item as ``bytes``, by fully qualified name (nested
     state dicts flattened with dots, as DCP stores them).
 
-    Reads every stored item once; memory: the whole state dict.
+    Reads every stored item once; memory: the whole state dict. Creates nothing.
 
-    Raises ``UnknownRef``; ``KeyError`` for a version that is not a DCP save (no
+    Raises ``NoRepository`` (a ``FileNotFoundError``) where there is no repository;
+    ``UnknownRef`` for a ref the repository lacks (its message names the refs it has);
+    ``NotADcpSave`` (a ``KeyError``) for a version that is not a DCP save (no
     ``.dcp/metadata``).
     """
-    store = Store.open(_location(location))
-    version = store.version_hash(ref)
-    if METADATA_NAME not in store.snapshot(version):
-        raise KeyError(f"{ref!r} is not a DCP save: it has no {METADATA_NAME!r}")
-    md = _read_metadata(store, version)
+    location = _location(location)
+    store = _open_existing(location)
+    try:
+        return _whole_tensors(store, location, ref)
+    finally:
+        store.close()
+
+
+def _whole_tensors(store: Store, location: str, ref) -> dict:
+    version = _resolve(store, location, ref)
+    md = _read_metadata(store, version, location, ref)
     out: dict = {}
     for fqn, m in md.state_dict_metadata.items():
         if isinstance(m, BytesStorageMetadata):
@@ -546,6 +693,7 @@ def export_safetensors(location, path, ref: str = "main") -> list[str]:
     """Write the DCP version ``ref`` as one ``.safetensors`` file of whole tensors (see
     ``whole_tensors``), atomically. Bytes items, and tensors of a dtype the store has no
     type for (``bool``, complex, 8-bit floats), are left out: their names are returned.
+    Raises as ``whole_tensors`` does, and then writes nothing.
     """
     left_out = []
     out = Store()
