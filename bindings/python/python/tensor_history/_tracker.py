@@ -20,7 +20,7 @@ import math
 import os
 import warnings
 import weakref
-from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
+from typing import Any, Dict, Iterator, List, Optional, Tuple, TypeVar, Union
 
 import numpy as np
 
@@ -113,6 +113,9 @@ def _dtype_name(d: np.dtype) -> str:
     return d.kind + str(d.itemsize * 8)
 
 
+_C = TypeVar("_C", bound="Checkpoints")
+
+
 class NotJson(Exception):
     """A hyper-parameter value with no JSON form (kept in memory only)."""
 
@@ -132,7 +135,10 @@ class Trial:
 
         Changes made after ``keep()`` inside the same ``with`` block are reverted on exit
         unless ``keep()`` is called again. Raises ``TrialError`` outside the ``with``
-        block (before it, or after it ended).
+        block (before it, or after it ended), and the error of a checkpoint (see
+        :meth:`Tracker.checkpoint_every`) before it commits anything: then nothing
+        changed, and leaving the block reverts the trial; a ``keep()`` that committed
+        returns.
         """
         if self._ended:
             raise TrialError("keep() after the trial's with block ended", reason="trial ended")
@@ -177,7 +183,191 @@ class Trial:
         return False
 
 
-class Tracker:
+class Checkpoints:
+    """``save``, ``checkpoint_every``, ``close`` and use as a context manager: what every
+    tracker has, whatever its commits look like (this module's :class:`Tracker`, the
+    JAX pytree tracker).
+
+    The class using it has ``store`` and ``_trial`` (the trial whose ``with`` block is
+    running, or ``None``), calls :meth:`_init_checkpoints` in its constructor before its
+    first commit, and brackets every kept step (a trial's ``keep()``, a ``commit()``)
+    with :meth:`_checkpoint_outcome` before it commits anything and
+    :meth:`_checkpoint_after_commit` after. So a kept step either raises before it
+    commits (changing nothing) or commits and returns: an error found after the commit
+    (a checkpoint that ended with an error meanwhile, a save that cannot start) is kept
+    and raised by the next kept step before it commits, or by ``save()`` or ``close()``.
+    """
+
+    store: Store
+    _trial: Any
+
+    def _init_checkpoints(self) -> None:
+        # checkpoint_every(): every how many kept steps, the save in flight, an error
+        # found after a kept step committed (raised by the next call), the kept steps
+        # counted since checkpoint_every() was called, and how many of them the last
+        # checkpoint started covers. Checkpoints fall due at multiples of the period,
+        # so a deferred one does not shift the ones after it.
+        self._ckpt_every: Optional[int] = None
+        self._ckpt_pending: Optional[PendingSave] = None
+        self._ckpt_error: Optional[BaseException] = None
+        self._ckpt_kept = 0
+        self._ckpt_covered = 0
+
+    def _check_idle(self, what: str) -> None:
+        """``TrialError`` inside a trial's ``with`` block (`what` names the call)."""
+        if self._trial is not None:
+            raise TrialError(f"{what}() inside a trial; leave the with block first",
+                             reason="inside trial")
+
+    def _settle(self) -> None:
+        """Finish a commit whose copy is still in flight (none by default); raises if
+        that commit was given up."""
+
+    def save(
+        self,
+        path: Union[str, "os.PathLike[str]", None] = None,
+        *,
+        background: bool = False,
+    ) -> Union[SaveStats, PendingSave]:
+        """Write the committed versions to the store's repository (or, with `path`, bind
+        the store to the repository there first): only chunks it lacks are written.
+        Uncommitted changes are not saved: ``commit()`` first. Raises
+        ``BranchMoved`` if another process moved the branch (see :meth:`Store.save`), or
+        if ``path`` holds another run's history on this store's branch (see
+        :meth:`Store.save_as`: nothing there is overwritten; resume with
+        ``track(..., path=path)``, or save under another branch).
+
+        ``background=True`` returns a :class:`PendingSave` at once and writes on a
+        writer thread while training goes on (no copy of the model is made; see
+        :meth:`Store.save`); with `path`, the store is bound there by a save first."""
+        self._check_idle("save")
+        self._checkpoint_outcome(wait=True)
+        if background:
+            if path is not None:
+                self.store.save_as(path)
+            return self.store.save(background=True)
+        return self.store.save_as(path) if path is not None else self.store.save()
+
+    def checkpoint_every(
+        self,
+        n: Optional[int],
+        path: Union[str, "os.PathLike[str]", None] = None,
+    ) -> None:
+        """Save in the background after every `n`-th kept step (a trial's ``keep()`` or a
+        ``commit()``), without a loop of your own; ``None`` stops it (a checkpoint in
+        flight goes on; ``close()`` waits for it). With `path`, the store is first bound
+        to the repository there by a blocking save (as ``save(path)``); without, the store
+        must have a repository already (``track(..., path=...)``).
+
+        A checkpoint costs the caller what ``save(background=True)`` does: it captures
+        the versions to write, O(versions), with no copy of the model; a writer thread
+        writes only the chunks the repository lacks while training goes on.
+
+        Checkpoints fall due at the `n`-th, `2n`-th, ... kept step. At most one is in
+        flight: one that falls due while the previous one still writes is **deferred**,
+        never stacked and never waited for; it starts at the first kept step after the
+        previous one ended, and writes every version kept since (so no kept step is left
+        out, only later). A deferral does not move the later due steps, and ``close()``
+        writes a due checkpoint still deferred, so what is saved at the end does not
+        depend on how fast the writer was.
+
+        Errors are never dropped, and never raised by a call that committed: a
+        checkpoint's error (``StorageError``, ``BranchMoved``, ...) is raised once, by
+        the next ``keep()`` or ``commit()`` after it ended, before that call commits
+        anything (the call changes nothing; call it again to go on, as the next
+        checkpoint will meet the cause again until it is dealt with), or else by
+        ``save()`` or ``close()``. A kept step that committed returns its version: the
+        error of a checkpoint that ended while it committed, or of a checkpoint it could
+        not start (the store's ``save(background=True)`` raised), is raised the same way
+        by the call after it, and the checkpoint stays due (the first kept step after
+        the error starts it). Raises ``InvalidArgument`` for `n` < 1 or without a
+        repository.
+        """
+        from ._errors import InvalidArgument
+
+        self._check_idle("checkpoint_every")
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+            raise InvalidArgument(f"checkpoint_every needs a whole number >= 1 or None, got {n!r}")
+        if n is not None and path is None and self.store.location is None:
+            raise InvalidArgument(
+                "checkpoint_every needs a repository: pass path=, or track(..., path=...)")
+        if path is not None:
+            self.save(path)
+        self._ckpt_every = n
+        self._ckpt_kept = 0
+        self._ckpt_covered = 0
+
+    def _checkpoint_outcome(self, wait: bool = False) -> None:
+        """Raise an error kept from an earlier kept step, or the error of a checkpoint
+        that ended (with `wait`: after waiting for the one in flight); each is raised
+        once. Called before anything is committed or saved."""
+        error = self._ckpt_error
+        if error is not None:
+            self._ckpt_error = None
+            raise error
+        p = self._ckpt_pending
+        if p is None or not (wait or p.done()):
+            return
+        self._ckpt_pending = None
+        p.wait()
+
+    def _checkpoint_due(self) -> bool:
+        """Whether a due step (a multiple of the period) is past what the last started
+        checkpoint covers."""
+        n = self._ckpt_every
+        return n is not None and (self._ckpt_kept // n) * n > self._ckpt_covered
+
+    def _checkpoint_after_commit(self) -> None:
+        """Count a kept step that committed; start the checkpoint that is due unless one
+        is in flight. Raises nothing about checkpoints: an error of the one that ended
+        (seen here when it ended after :meth:`_checkpoint_outcome` looked), or of a
+        save that cannot start, is kept for the next call, and the due checkpoint stays
+        due (the first kept step after that error was raised starts it). Only a commit
+        whose copy was still in flight, given up when settled (then nothing is
+        counted), raises here."""
+        n = self._ckpt_every
+        if n is None:
+            return
+        kept = self._ckpt_kept + 1
+        p = self._ckpt_pending
+        start = (kept // n) * n > self._ckpt_covered and (p is None or p.done())
+        if start:
+            self._settle()  # the save captures the commit whose copy is in flight
+        self._ckpt_kept = kept
+        if not start:
+            return  # not due, or deferred: the first kept step after it ended starts it
+        try:
+            if p is not None:
+                self._ckpt_pending = None
+                p.wait()
+            self._ckpt_pending = self.store.save(background=True)
+        except Exception as e:  # noqa: BLE001 - kept, raised by the next call
+            self._ckpt_error = e
+            return
+        self._ckpt_covered = kept
+
+    def close(self) -> None:
+        """End the tracker's use: wait for the checkpoint in flight, write a checkpoint
+        that was due but deferred (blocking), then close the store (see
+        :meth:`Store.close`). Raises the first error among them; the store is closed
+        in any case. Kept steps past the last due checkpoint are not saved: call
+        ``save()`` first for those. Also the end of ``with track(...) as tracker:``."""
+        try:
+            self._checkpoint_outcome(wait=True)
+            if self._checkpoint_due():
+                self.store.save()
+                self._ckpt_covered = self._ckpt_kept
+        finally:
+            self.store.close()
+
+    def __enter__(self: _C) -> _C:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        self.close()
+        return False
+
+class Tracker(Checkpoints):
     """History of a model's tensors and an optimizer's state in a :class:`Store`, written
     back in place. Framework modules subclass it; see ``tensor_history.torch``."""
 
@@ -217,14 +407,7 @@ class Tracker:
         self._held: List[Any] = []
         self._synced_head: Optional[Version] = None
         self._extras: Dict[Version, Any] = {}
-        # checkpoint_every(): every how many kept steps, the save in flight, the kept
-        # steps counted since checkpoint_every() was called, and how many of them the
-        # last checkpoint started covers. Checkpoints fall due at multiples of the
-        # period, so a deferred one does not shift the ones after it.
-        self._ckpt_every: Optional[int] = None
-        self._ckpt_pending: Optional[PendingSave] = None
-        self._ckpt_kept = 0
-        self._ckpt_covered = 0
+        self._init_checkpoints()
         head = self.store.head()
         held = head is not None and any(
             n.startswith(self.MODEL_PREFIX) for n in self.store.snapshot(head))
@@ -647,16 +830,12 @@ class Tracker:
                     break
         return extras
 
-    def _check_idle(self, what: str) -> None:
-        if self._trial is not None:
-            raise TrialError(f"{what}() inside a trial; leave the with block first",
-                             reason="inside trial")
-
     # ---- the public calls ------------------------------------------------------------
 
     def commit(self, message: str = "", **metadata: Any) -> Version:
         """Commit the model and optimizer: compares (or, by identity tokens, skips) each
-        tensor, copies changed chunks only, then an O(1) commit."""
+        tensor, copies changed chunks only, then an O(1) commit. Raises a checkpoint's
+        error before it commits anything (see :meth:`checkpoint_every`)."""
         self._check_idle("commit")
         self._checkpoint_outcome()
         v = self._commit(message, metadata)
@@ -728,123 +907,6 @@ class Tracker:
         target = self.store.resolve(name)
         self._apply(target, lambda: self.store.checkout(name))
         return target
-
-    def save(
-        self,
-        path: Union[str, "os.PathLike[str]", None] = None,
-        *,
-        background: bool = False,
-    ) -> Union[SaveStats, PendingSave]:
-        """Write the committed versions to the store's repository (or, with `path`, bind
-        the store to the repository there first): only chunks it lacks are written.
-        Uncommitted changes of the model are not saved: ``commit()`` first. Raises
-        ``BranchMoved`` if another process moved the branch (see :meth:`Store.save`), or
-        if ``path`` holds another run's history on this store's branch (see
-        :meth:`Store.save_as`: nothing there is overwritten; resume with
-        ``track(..., path=path)``, or save under another branch).
-
-        ``background=True`` returns a :class:`PendingSave` at once and writes on a
-        writer thread while training goes on (no copy of the model is made; see
-        :meth:`Store.save`); with `path`, the store is bound there by a save first."""
-        self._check_idle("save")
-        self._checkpoint_outcome(wait=True)
-        if background:
-            if path is not None:
-                self.store.save_as(path)
-            return self.store.save(background=True)
-        return self.store.save_as(path) if path is not None else self.store.save()
-
-    def checkpoint_every(
-        self,
-        n: Optional[int],
-        path: Union[str, "os.PathLike[str]", None] = None,
-    ) -> None:
-        """Save in the background after every `n`-th kept step (a trial's ``keep()`` or a
-        ``commit()``), without a loop of your own; ``None`` stops it (a checkpoint in
-        flight goes on; ``close()`` waits for it). With `path`, the store is first bound
-        to the repository there by a blocking save (as ``save(path)``); without, the store
-        must have a repository already (``track(..., path=...)``).
-
-        A checkpoint costs the caller what ``save(background=True)`` does: it captures
-        the versions to write, O(versions), with no copy of the model; a writer thread
-        writes only the chunks the repository lacks while training goes on.
-
-        Checkpoints fall due at the `n`-th, `2n`-th, ... kept step. At most one is in
-        flight: one that falls due while the previous one still writes is **deferred**,
-        never stacked and never waited for; it starts at the first kept step after the
-        previous one ended, and writes every version kept since (so no kept step is left
-        out, only later). A deferral does not move the later due steps, and ``close()``
-        writes a due checkpoint still deferred, so what is saved at the end does not
-        depend on how fast the writer was. Errors are never dropped: a
-        checkpoint's error (``StorageError``, ``BranchMoved``, ...) is raised by the next
-        ``keep()`` or ``commit()`` after it ended, before that call commits anything
-        (the call changes nothing; call it again to go on, as the next checkpoint will
-        meet the cause again until it is dealt with), or else by ``save()`` or
-        ``close()``. Raises ``InvalidArgument`` for `n` < 1 or without a repository.
-        """
-        from ._errors import InvalidArgument
-
-        self._check_idle("checkpoint_every")
-        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
-            raise InvalidArgument(f"checkpoint_every needs a whole number >= 1 or None, got {n!r}")
-        if n is not None and path is None and self.store.location is None:
-            raise InvalidArgument(
-                "checkpoint_every needs a repository: pass path=, or track(..., path=...)")
-        if path is not None:
-            self.save(path)
-        self._ckpt_every = n
-        self._ckpt_kept = 0
-        self._ckpt_covered = 0
-
-    def _checkpoint_outcome(self, wait: bool = False) -> None:
-        """Raise the error of a checkpoint that ended (with `wait`: after waiting for the
-        one in flight); an outcome is taken once."""
-        p = self._ckpt_pending
-        if p is None or not (wait or p.done()):
-            return
-        self._ckpt_pending = None
-        p.wait()
-
-    def _checkpoint_due(self) -> bool:
-        """Whether a due step (a multiple of the period) is past what the last started
-        checkpoint covers."""
-        n = self._ckpt_every
-        return n is not None and (self._ckpt_kept // n) * n > self._ckpt_covered
-
-    def _checkpoint_after_commit(self) -> None:
-        """Count a kept step; start the checkpoint that is due unless one is in flight."""
-        if self._ckpt_every is None:
-            return
-        self._ckpt_kept += 1
-        if not self._checkpoint_due():
-            return
-        p = self._ckpt_pending
-        if p is not None and not p.done():
-            return  # deferred: the first kept step after it ended starts it
-        self._checkpoint_outcome()
-        self._ckpt_pending = self.store.save(background=True)
-        self._ckpt_covered = self._ckpt_kept
-
-    def close(self) -> None:
-        """End the tracker's use: wait for the checkpoint in flight, write a checkpoint
-        that was due but deferred (blocking), then close the store (see
-        :meth:`Store.close`). Raises the first error among them; the store is closed
-        in any case. Kept steps past the last due checkpoint are not saved: call
-        ``save()`` first for those. Also the end of ``with track(...) as tracker:``."""
-        try:
-            self._checkpoint_outcome(wait=True)
-            if self._checkpoint_due():
-                self.store.save()
-                self._ckpt_covered = self._ckpt_kept
-        finally:
-            self.store.close()
-
-    def __enter__(self) -> "Tracker":
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> bool:
-        self.close()
-        return False
 
     def trial(self, message: str = "trial") -> Trial:
         """A ``with`` block whose changes are kept only if ``keep()`` is called."""
