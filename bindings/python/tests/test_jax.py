@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
+import textwrap
 
 import numpy as np
 import pytest
@@ -21,12 +24,13 @@ else:
     nnx = pytest.importorskip("flax.nnx", reason="Flax is not installed")
 
 import jax.numpy as jnp  # noqa: E402
-from hypothesis import HealthCheck, settings  # noqa: E402
+from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule  # noqa: E402
 
 import tensor_history as th  # noqa: E402
 import tensor_history.jax  # noqa: E402,F401
+from checkpoint_faults import KINDS, FaultyStore, Loop, Recording, same_value  # noqa: E402
 from conftest import same  # noqa: E402
 from framework_machine import TrackerMachine  # noqa: E402
 
@@ -373,6 +377,455 @@ class FunctionalMachine(RuleBasedStateMachine):
 TestFunctionalMachine = FunctionalMachine.TestCase
 TestFunctionalMachine.settings = settings(max_examples=25, stateful_step_count=12, deadline=None,
                                           suppress_health_check=list(HealthCheck))
+
+
+# ---- the pytree tracker saves as every tracker does: save(), checkpoint_every(), close() ----
+
+
+def ckpt_init():
+    return {"w": jnp.arange(12.0, dtype=jnp.float32).reshape(3, 4),
+            "b": jnp.zeros(4, jnp.float32), "n": jnp.zeros((), jnp.int32)}
+
+
+@jax.jit
+def ckpt_step(state, i):
+    return {"w": state["w"] * 0.5 + i, "b": state["b"] + 1, "n": state["n"] + 1}
+
+
+def leaf_values(tree) -> dict:
+    return {k: np.array(th.jax.leaf_to_numpy(x)) for k, x in tree.items()}
+
+
+def ckpt_reference(steps: int) -> dict:
+    s = ckpt_init()
+    for i in range(steps):
+        s = ckpt_step(s, i)
+    return leaf_values(s)
+
+
+class Run:
+    """A pytree and its tracker; `kept()` is one kept step (a trial's keep())."""
+
+    def __init__(self, path=None, **kw) -> None:
+        self.state = ckpt_init()
+        self.i = 0
+        self.tr = th.jax.track(self.state, path=path, **kw)
+
+    def kept(self):
+        with self.tr.trial(self.state) as t:
+            t.keep(ckpt_step(self.state, self.i))
+        self.state, self.i = t.result, self.i + 1
+        return t.kept
+
+
+CKPT_CHILD = textwrap.dedent("""
+    import sys, numpy as np, tensor_history as th
+    r = th.Store.open(sys.argv[1])
+    np.savez(sys.argv[2], **{n.replace("/", "|"): r.get(n) for n in r.names()})
+    print(r.version_hash(r.head()))
+""")
+
+
+def test_a_pytree_loop_with_checkpoint_every_reopens_in_another_process_bit_for_bit(tmp_path):
+    state = ckpt_init()
+    with th.jax.track(state, path=tmp_path / "run") as tr:
+        tr.checkpoint_every(2)
+        for i in range(9):
+            with tr.trial(state) as t:
+                new = ckpt_step(state, i)
+                if i % 3 != 2:  # two of three kept: six kept steps, three checkpoints due
+                    t.keep(new)
+            state = t.result
+        want = tr.store.version_hash(tr.store.head())
+        held = {n: tr.store.get(n) for n in tr.store.names()}
+    assert tr.store.closed  # the end of the block closed it, after the last checkpoint
+    out = tmp_path / "state.npz"
+    res = subprocess.run([sys.executable, "-c", CKPT_CHILD, str(tmp_path / "run"), str(out)],
+                         capture_output=True, text=True, check=True)
+    assert res.stdout.strip() == want
+    there = np.load(out)
+    assert sorted(k.replace("|", "/") for k in there.files) == sorted(held)
+    for n, a in held.items():
+        b = there[n.replace("/", "|")]
+        assert a.dtype == b.dtype and a.tobytes() == b.tobytes(), n
+    # and a tracker on the repository resumes that tree
+    resumed = th.jax.track(jax.tree_util.tree_map(jnp.zeros_like, state), path=tmp_path / "run")
+    assert same_value(leaf_values(resumed.state), leaf_values(state))
+
+
+def test_a_due_checkpoint_is_deferred_while_one_is_in_flight_never_stacked(tmp_path):
+    run = Run(tmp_path / "run")
+    tr = run.tr
+    rec = Recording(tr.store)
+    tr.store = rec
+    tr.checkpoint_every(2)
+    kept = [run.kept() for _ in range(2)]
+    assert [v for v, _ in rec.started] == [kept[1]]
+    kept += [run.kept() for _ in range(3)]  # due again after two more: deferred
+    assert len(rec.started) == 1
+    rec.started[0][1].wait()  # it ends; the next kept step starts the deferred one
+    kept.append(run.kept())
+    assert [v for v, _ in rec.started] == [kept[1], kept[5]]
+    kept.append(run.kept())  # not due (the next due step is the 8th)
+    assert len(rec.started) == 2
+    v = tr.commit(ckpt_step(run.state, 99), "plain commit")  # a commit() counts too
+    assert len(rec.started) == 2  # due, deferred: the second is still in flight
+    want = tr.store.version_hash(v)
+    tr.close()  # waits for the second and writes the deferred one
+    r = th.Store.open(tmp_path / "run")
+    assert r.version_hash(r.head()) == want
+    assert len(r.log()) == 1 + 7 + 1
+
+
+def test_a_deferral_does_not_move_the_later_due_steps(tmp_path):
+    run = Run(tmp_path / "run")
+    tr = run.tr
+    rec = Recording(tr.store)
+    tr.store = rec
+    tr.checkpoint_every(3)
+    kept = [run.kept() for _ in range(6)]
+    assert [v for v, _ in rec.started] == [kept[2]]
+    rec.started[0][1].wait()
+    kept += [run.kept() for _ in range(3)]
+    assert [v for v, _ in rec.started] == [kept[2], kept[6]]
+    want = tr.store.version_hash(kept[8])
+    tr.close()  # writes the 9th, due and deferred
+    r = th.Store.open(tmp_path / "run")
+    assert r.version_hash(r.head()) == want and len(r.log()) == 1 + 9
+
+
+def moved_by_another_store(path) -> None:
+    other = th.Store.open(path)
+    other.insert("mine", np.ones(3, np.float32))
+    other.commit("theirs")
+    other.save()
+
+
+def test_an_error_of_a_background_checkpoint_is_raised_by_the_next_keep_before_it_commits(
+        tmp_path):
+    run = Run(tmp_path / "run")
+    tr = run.tr
+    rec = Recording(tr.store)
+    tr.store = rec
+    tr.checkpoint_every(1)
+    moved_by_another_store(tmp_path / "run")
+    run.kept()  # its checkpoint meets the moved branch
+    with pytest.raises(th.BranchMoved):
+        rec.started[0][1].wait()  # (the test waits; the tracker has not seen it yet)
+    state, head, n_log = run.state, tr.store.head(), len(tr.store.log())
+    with pytest.raises(th.BranchMoved):
+        run.kept()
+    assert tr.store.head() == head and len(tr.store.log()) == n_log
+    assert run.state is state and tr.state is state
+    run.kept()  # reported once: this one commits, and checkpoints
+    assert len(tr.store.log()) == n_log + 1
+    with pytest.raises(th.BranchMoved):
+        tr.close()
+    assert tr.store.closed
+
+
+def test_a_checkpoint_that_ends_with_an_error_while_keep_commits_is_raised_by_the_next_call(
+        tmp_path):
+    run = Run(tmp_path / "run")
+    tr = run.tr
+    rec = Recording(tr.store, ends_at_commit=True)
+    tr.store = rec
+    tr.checkpoint_every(1)
+    moved_by_another_store(tmp_path / "run")
+    run.kept()
+    with pytest.raises(th.BranchMoved):
+        rec.started[0][1].real.wait()  # it failed; the tracker has not seen it
+    n_log = len(tr.store.log())
+    v = run.kept()  # it ends while this call commits: not raised here
+    assert tr.store.head() == v and len(tr.store.log()) == n_log + 1
+    state = run.state
+    with pytest.raises(th.BranchMoved):
+        tr.commit(ckpt_step(state, 50), "raises before it commits")
+    assert tr.store.head() == v and tr.state is state
+    tr.commit(ckpt_step(state, 50), "again")
+    assert len(tr.store.log()) == n_log + 2
+    with pytest.raises(th.BranchMoved):
+        tr.close()
+
+
+def test_a_checkpoint_whose_save_cannot_start_is_raised_by_the_next_call(tmp_path):
+    run = Run(tmp_path / "run")
+    tr = run.tr
+    tr.checkpoint_every(2)
+    run.kept()
+    moved_by_another_store(tmp_path / "run")
+    tr.save(background=True)  # fails in the background; nobody waits for it
+    v = run.kept()  # its checkpoint cannot start (the store raises that save's error)
+    assert tr.store.head() == v
+    with pytest.raises(th.BranchMoved):
+        run.kept()
+    assert tr.store.head() == v
+    run.kept()
+    with pytest.raises(th.BranchMoved):
+        tr.close()
+
+
+def test_the_error_of_the_last_checkpoint_is_raised_by_close_or_save(tmp_path):
+    for end in ("close", "save", "with"):
+        path = tmp_path / end
+        run = Run(path)
+        tr = run.tr
+        tr.checkpoint_every(1)
+        moved_by_another_store(path)
+        if end == "with":
+            with pytest.raises(th.BranchMoved):
+                with tr:
+                    run.kept()
+            assert tr.store.closed
+            continue
+        run.kept()
+        with pytest.raises(th.BranchMoved):
+            getattr(tr, end)()
+
+
+def test_checkpoint_every_rejects_bad_counts_and_needs_a_repository(tmp_path):
+    run = Run()
+    tr = run.tr
+    for bad in (0, -1, 1.5, True, "2"):
+        with pytest.raises(th.InvalidArgument):
+            tr.checkpoint_every(bad, path=tmp_path / "never")
+    assert not (tmp_path / "never").exists()
+    with pytest.raises(th.InvalidArgument):
+        tr.checkpoint_every(3)  # an in-memory store and no path
+    tr.checkpoint_every(1, path=tmp_path / "run")  # bound there, and checkpoints follow
+    v = run.kept()
+    want = tr.store.version_hash(v)
+    tr.checkpoint_every(None)  # off: the one in flight still ends at close
+    run.kept()
+    tr.close()
+    r = th.Store.open(tmp_path / "run")
+    assert r.version_hash(r.head()) == want
+
+
+def test_save_in_the_background_and_to_a_path(tmp_path):
+    run = Run()
+    tr = run.tr
+    with pytest.raises(th.TrialError):
+        with tr.trial(run.state):
+            tr.save(tmp_path / "never")  # inside a trial
+    assert not (tmp_path / "never").exists()
+    p = tr.save(tmp_path / "run", background=True)  # bound by a save first
+    assert isinstance(p, th.PendingSave) and tr.store.location is not None
+    p.wait()
+    v = run.kept()
+    assert tr.save().versions_written >= 1
+    r = th.Store.open(tmp_path / "run")
+    assert r.version_hash(r.head()) == tr.store.version_hash(v)
+
+
+class Retry(Exception):
+    """A kept step to run again."""
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@given(plan=st.lists(st.sampled_from((None,) + KINDS), max_size=8),
+       how=st.sampled_from(["keep, again", "trial, again", "commit"]),
+       every=st.sampled_from([1, 2]))
+def test_a_pytree_checkpoint_failing_at_any_point_never_fails_a_call_that_committed(
+        plan, how, every):
+    """As for the torch tracker (``test_checkpoint_every.py``): a call that raises changes
+    nothing (HEAD, log, branch, ``state``, the tree handed in, ``t.kept``), every error
+    is raised exactly once, and each step is committed once."""
+    path = tempfile.mkdtemp(prefix="th-jax-ckpt-faults-")
+    try:
+        run = Run(path)
+        tr = run.tr
+        faulty = FaultyStore(tr.store, plan)
+        tr.store = faulty
+        tr.checkpoint_every(every)
+        loop = Loop(tr, lambda: {"state": leaf_values(tr.state), "held": leaf_values(run.state)})
+        steps = 6
+        for i in range(steps):
+            if how == "commit":
+                new = ckpt_step(run.state, i)
+                assert loop.call(lambda: tr.commit(new)) or loop.call(lambda: tr.commit(new))
+                run.state = new
+            elif how == "keep, again":
+                with tr.trial(run.state) as t:
+                    new = ckpt_step(run.state, i)
+                    seen = lambda: {"kept": t.kept, "result": leaf_values(t.result)}  # noqa: E731
+                    assert loop.call(lambda: t.keep(new), seen) or \
+                        loop.call(lambda: t.keep(new), seen)
+                assert t.result is new
+                run.state = t.result
+            else:  # a failed keep() ends the trial, which hands the entry tree back
+                for attempt in range(2):
+                    try:
+                        with tr.trial(run.state) as t:
+                            new = ckpt_step(run.state, i)
+                            if not loop.call(lambda: t.keep(new), lambda: {"kept": t.kept}):
+                                raise Retry
+                        break
+                    except Retry:
+                        assert t.result is run.state
+                else:
+                    raise AssertionError("a step failed twice")
+                run.state = t.result
+        assert len(tr.store.log()) == 1 + steps
+        loop.close()
+        loop.check_errors(faulty)
+        assert same_value(leaf_values(run.state), ckpt_reference(steps))
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+# ---- NumPy leaves written in place ------------------------------------------------------
+
+
+def test_a_numpy_leaf_changed_in_place_is_committed_and_restored():
+    state = {"a": np.zeros(4, np.float32), "b": jnp.ones(3)}
+    tr = th.jax.track(state)
+    v0 = tr.store.head()
+    state["a"][:] = 5
+    v1 = tr.commit(state)
+    assert tr.store.snapshot(v1)["tree/a"].tolist() == [5, 5, 5, 5]
+    assert tr.diff(v0, v1).keys() == {"tree/a"}
+    back = tr.restore(v0)
+    assert back["a"].tolist() == [0, 0, 0, 0] and back["a"] is not state["a"]
+    assert back["b"] is state["b"]  # an immutable leaf the versions share is handed back
+    # a write into a NumPy leaf handed back changes no version
+    back["a"][:] = 7
+    assert tr.store.snapshot(v0)["tree/a"].tolist() == [0, 0, 0, 0]
+    assert tr.restore(v1)["a"].tolist() == [5, 5, 5, 5]
+    # a restore of HEAD after an in-place write gives HEAD's values back
+    tr.state["a"][:] = 9
+    assert tr.restore(v1)["a"].tolist() == [5, 5, 5, 5]
+    assert tr.store.snapshot(v0)["tree/a"].tolist() == [0, 0, 0, 0]
+
+
+def test_a_trial_hands_back_numpy_leaves_written_in_place_with_the_versions_values():
+    state = {"a": np.zeros(3, np.float32), "b": jnp.ones(2)}
+    tr = th.jax.track(state)
+    with tr.trial(state) as t:
+        state["a"][:] = 4  # an in-place step, not kept
+    assert t.result["a"].tolist() == [0, 0, 0] and t.result["b"] is state["b"]
+    assert tr.store.head() == t.base
+    kept = {"a": np.full(3, 2, np.float32), "b": jnp.ones(2)}
+    with tr.trial(t.result) as t:
+        t.keep(kept)
+        kept["a"][0] = -1  # after keep(): put back on exit, as for the other trackers
+    assert t.result["a"].tolist() == [2, 2, 2] and t.result["b"] is kept["b"]
+    assert tr.store.snapshot(t.kept)["tree/a"].tolist() == [2, 2, 2]
+    # unchanged NumPy leaves stay the caller's objects
+    with tr.trial(t.result) as t2:
+        pass
+    assert t2.result is t.result
+
+
+NP_LEAVES = ("n", "m", "flag")
+
+
+class MutableLeavesMachine(RuleBasedStateMachine):
+    """In-place writes to NumPy leaves and new JAX arrays between commits, restores and
+    trials, against an oracle of ``np.copy``s per version: every version's content, every
+    diff and every restore agree with the oracle, and writes into returned trees never
+    change a version."""
+
+    @initialize()
+    def setup(self):
+        self.tree = {"n": np.arange(6, dtype=np.float32), "m": np.zeros((2, 3), np.int16),
+                     "flag": np.array([True, False, True]), "j": jnp.arange(4.0), "s": 0.5}
+        self.tr = th.jax.track(self.tree)
+        self.oracle = {self.tr.store.head(): self.copies(self.tree)}
+
+    @staticmethod
+    def copies(tree):
+        return {"tree/" + k: np.array(th.jax.leaf_to_numpy(x)) for k, x in tree.items()}
+
+    def check_tree(self, tree, v):
+        assert self.copies(tree).keys() == self.oracle[v].keys()
+        for n, a in self.copies(tree).items():
+            assert same(a, self.oracle[v][n]), (v, n)
+
+    @rule(leaf=st.sampled_from(NP_LEAVES), data=st.data())
+    def write_in_place(self, leaf, data):
+        a = self.tree[leaf]
+        i = data.draw(st.integers(0, a.size - 1))
+        if a.dtype == np.bool_:
+            a.reshape(-1)[i] = not a.reshape(-1)[i]
+        else:
+            a.reshape(-1)[i] = data.draw(st.integers(-3, 3))
+
+    @rule(x=st.integers(-2, 2))
+    def replace_jax_leaf(self, x):
+        self.tree["j"] = self.tree["j"] + x  # a new array (x == 0: the same values)
+
+    @rule()
+    def commit(self):
+        prev = self.tr.store.head()
+        v = self.tr.commit(self.tree)
+        self.oracle[v] = self.copies(self.tree)
+        self.check_diff(prev, v)
+
+    @rule(data=st.data())
+    def restore(self, data):
+        v = data.draw(st.sampled_from(sorted(self.oracle)))
+        old = self.tree
+        self.tree = self.tr.restore(v)
+        self.check_tree(self.tree, v)
+        for k in NP_LEAVES:  # the caller's own arrays: not the tree it had
+            assert self.tree[k] is not old[k]
+
+    @rule()
+    def undo(self):
+        head = self.tr.store.head()
+        parent = self.tr.store.parent(head)
+        if parent is None or parent not in self.oracle:
+            return
+        self.tree = self.tr.undo()
+        self.check_tree(self.tree, parent)
+
+    @rule(keep=st.booleans(), leaf=st.sampled_from(NP_LEAVES), after=st.booleans())
+    def trial(self, keep, leaf, after):
+        entry = self.tree
+        at_entry = self.copies(entry)
+        with self.tr.trial(entry) as t:
+            entry[leaf].reshape(-1)[0] = not entry[leaf].reshape(-1)[0] \
+                if entry[leaf].dtype == np.bool_ else entry[leaf].reshape(-1)[0] + 1
+            if keep:
+                t.keep(entry)
+                kept = self.copies(entry)
+                if after:  # written after keep(): put back on exit
+                    entry["n"][-1] += 10
+        base = self.oracle.setdefault(t.base, at_entry)
+        for n, a in at_entry.items():  # the entry state, committed first if it moved
+            assert same(base[n], a), (t.base, n)
+        if keep:
+            self.oracle[t.kept] = kept
+            self.check_tree(t.result, t.kept)
+        else:
+            self.check_tree(t.result, t.base)
+        self.tree = t.result
+
+    @rule(data=st.data())
+    def diff(self, data):
+        a = data.draw(st.sampled_from(sorted(self.oracle)))
+        b = data.draw(st.sampled_from(sorted(self.oracle)))
+        self.check_diff(a, b)
+
+    def check_diff(self, a, b):
+        want = {n for n in self.oracle[a] if not same(self.oracle[a][n], self.oracle[b][n])}
+        assert self.tr.diff(a, b).keys() == want, (a, b)
+
+    @invariant()
+    def every_version_holds_its_copies(self):
+        if not hasattr(self, "tr"):
+            return
+        for v, want in self.oracle.items():
+            snap = self.tr.store.snapshot(v)
+            for n, a in want.items():
+                assert same(snap[n], a), (v, n)
+
+
+TestMutableLeavesMachine = MutableLeavesMachine.TestCase
+TestMutableLeavesMachine.settings = settings(max_examples=40, stateful_step_count=15,
+                                             deadline=None,
+                                             suppress_health_check=list(HealthCheck))
 
 
 # ---- Flax NNX, in place -------------------------------------------------------------------

@@ -27,17 +27,20 @@ How it works, and what to know:
   nesting of dicts, lists, tuples, named tuples (Optax states) and dataclasses
   registered as pytrees; ``model/<path>`` and ``optim/<path>`` (NNX) from the graph
   paths of the module's and the optimizer's ``nnx.Variable``s.
-- Arrays that did not change between commits are not copied again: a leaf that is the
-  same object as at the last commit (the tracker holds those arrays, so they cannot be
-  freed and an identity cannot be reused) is skipped without reading it, others are
-  compared chunk by chunk, so a new array with the old values writes nothing.
+- Arrays that did not change between commits are not copied again: a JAX array that
+  is the same object as at the last commit (immutable; the tracker holds those arrays,
+  so they cannot be freed and an identity cannot be reused) is skipped without reading
+  it, other leaves are compared chunk by chunk, so a new array with the old values
+  writes nothing. NumPy leaves are always compared: they may have been written in
+  place (``state["a"][:] = 5; tracker.commit(state)`` records the fives).
 - ``restore``, ``undo``, ``redo``, ``checkout`` return a tree of the structure of the
-  last committed or restored tree (or of ``like=``): leaves the target shares with it
-  are the same array objects, the others new arrays of the same dtype (bfloat16 and
+  last committed or restored tree (or of ``like=``): JAX leaves the target shares with
+  it are the same array objects, the others new arrays of the same dtype (bfloat16 and
   float16 included) on the same devices and sharding. A leaf of another shape or
   dtype, or a target that lacks a leaf, raises ``TrialError(reason="model structure")``
   before HEAD moves. Typed PRNG keys are stored as their key data and wrapped again;
-  NumPy leaves come back as NumPy arrays, Python scalars as Python scalars.
+  NumPy leaves come back as new NumPy arrays, the caller's own (writing into one
+  changes no version), Python scalars as Python scalars.
 - Buffer donation (``jax.jit(step, donate_argnums=0)``): a donated input's arrays are
   deleted by the step. A trial that ends without ``keep()`` hands back the original
   tree with every deleted leaf rebuilt from the store (the base version), so donation
@@ -45,7 +48,15 @@ How it works, and what to know:
 - Hyper-parameters that are Python floats in the optimizer (``optax.adam(1e-3)``) are
   part of the code, not the state; use ``optax.inject_hyperparams`` to make them leaves.
 - ``trial(state)`` commits the entry state first when it differs from HEAD (as the
-  torch tracker does), so that a revert goes back to it.
+  torch tracker does), so that a revert goes back to it. A NumPy leaf written in place
+  during a reverted trial (or after ``keep()``) is handed back in ``t.result`` as a new
+  array holding the base's (the kept) values.
+- Saving, as for every tracker: ``save(path=None, *, background=False)``,
+  ``checkpoint_every(n, path=None)`` (a background save after every n-th ``keep()`` or
+  ``commit()``; a checkpoint's error is raised by a later ``keep()`` or ``commit()``
+  before it commits anything, or by ``save()`` or ``close()``), ``close()``, and
+  ``with tensor_history.jax.track(state, path=...) as tracker:``, which closes the
+  tracker (waiting for its checkpoint) at the end of the block.
 - The store ``track`` makes (in memory, or opened at ``path``) has a memory budget of
   ``DEFAULT_BUDGET_MODELS`` (4) times the tree's bytes (for a pytree, everything
   tracked, optimizer state included; for an NNX module, its Variables without the
@@ -62,9 +73,9 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 
 import numpy as np
 
-from ._core import SaveStats, Store, Version
+from ._core import Store, Version
 from ._errors import TrialError
-from ._tracker import DEFAULT_BUDGET_MODELS, AssignTracker, tracker_store
+from ._tracker import DEFAULT_BUDGET_MODELS, AssignTracker, Checkpoints, tracker_store
 from ._tracker import Trial as NnxTrial
 
 __all__ = ["DEFAULT_BUDGET_MODELS", "FunctionalTrial", "NnxTracker", "NnxTrial", "Tracker",
@@ -149,9 +160,26 @@ def _deleted(x: Any) -> bool:
     return bool(f()) if f is not None else False
 
 
+def _immutable(x: Any) -> bool:
+    """Whether a leaf's values cannot change while it is held: JAX arrays, Python and
+    NumPy scalars. Other leaves (NumPy arrays above all, even read-only ones, whose base
+    may be written) can be written in place: the same object proves nothing."""
+    return isinstance(x, (_jax().Array, bool, int, float, complex, np.generic))
+
+
+def _holds(x: Any, a: np.ndarray) -> bool:
+    """Whether leaf `x` holds exactly `a` (a stored array): dtype, shape and bytes."""
+    live = leaf_to_numpy(x)
+    return (live.dtype == a.dtype and live.shape == a.shape
+            and np.ascontiguousarray(live).tobytes() == a.tobytes())
+
+
 class FunctionalTrial:
     """A tentative step of a pytree (see :meth:`Tracker.trial`); ``result`` is the kept
-    tree after the ``with`` block, or the entry tree."""
+    tree after the ``with`` block, or the entry tree. Leaves of it that a donating step
+    deleted, and NumPy leaves written in place since (the entry tree's during the
+    trial, the kept tree's after ``keep()``), are new arrays holding the version's
+    values; the other leaves are the tree's own objects."""
 
     def __init__(self, tracker: "Tracker", tree: Any, message: str) -> None:
         self._tracker = tracker
@@ -163,15 +191,24 @@ class FunctionalTrial:
         self._ended = False
 
     def keep(self, tree: Any, message: Optional[str] = None, **metadata: Any) -> Version:
-        """Commit `tree` (changed chunks only); it becomes :attr:`result`."""
+        """Commit `tree` (changed chunks only); it becomes :attr:`result`. NumPy leaves
+        written in place after ``keep()`` get the kept values back on exit (in new
+        arrays), unless ``keep()`` is called again.
+
+        Raises ``TrialError`` outside the ``with`` block, and the error of a checkpoint
+        (see :meth:`Tracker.checkpoint_every`) before it commits anything: then nothing
+        changed (``kept`` and ``result`` included); a ``keep()`` that committed returns.
+        """
         if self._ended:
             raise TrialError("keep() after the trial's with block ended", reason="trial ended")
         if self.base is None:
             raise TrialError("keep() outside the trial's with block", reason="not entered")
-        v = self._tracker._commit(tree, message if message is not None else self.message,
-                                  metadata)
+        tr = self._tracker
+        tr._checkpoint_outcome()
+        v = tr._commit(tree, message if message is not None else self.message, metadata)
         self.kept = v
         self.result = tree
+        tr._checkpoint_after_commit()
         return v
 
     def __enter__(self) -> "FunctionalTrial":
@@ -192,20 +229,24 @@ class FunctionalTrial:
         target = self.kept if self.kept is not None else self.base
         if self.kept is None:
             self.result = self._entry
-        # Leaves a donating step deleted come back from the store.
-        jax = _jax()
-        if any(_deleted(x) for x in jax.tree_util.tree_leaves(self.result)):
-            self.result = tr._build(target, self.result)
+        # Leaves a donating step deleted, and NumPy leaves written in place since the
+        # target was committed, come back from the store (in new arrays).
+        if tr._stale(target, self.result):
+            self.result = tr._build(target, self.result, keep_equal=True)
         tr.state = self.result
         return False
 
 
-class Tracker:
+class Tracker(Checkpoints):
     """History of a pytree in a :class:`Store` (functional: trees in, trees out).
 
     ``resume``: make :attr:`state` the store's HEAD in the structure of `tree` instead
     of committing `tree` (default: when HEAD holds a tree, as after ``Store.open``).
     :attr:`state` is the tree of the last commit, restore or trial.
+
+    Saving is that of every tracker: :meth:`save` (``background=True`` for a
+    :class:`PendingSave`), :meth:`checkpoint_every`, :meth:`close`, and ``with
+    track(tree, path=...) as tracker:``, which closes it at the end of the block.
     """
 
     def __init__(self, tree: Any, *, store: Optional[Store] = None, message: str = "track",
@@ -214,6 +255,7 @@ class Tracker:
         # the tree's bytes.
         self.store = store if store is not None else tracker_store(None, tree_bytes(tree))
         self._trial: Optional[FunctionalTrial] = None
+        self._init_checkpoints()
         self._leaves: Dict[str, Any] = {}
         self._synced_head: Optional[Version] = None
         self.state: Any = tree
@@ -248,12 +290,15 @@ class Tracker:
     def _commit(self, tree: Any, message: str, metadata: dict,
                 only_if_changed: bool = False) -> Version:
         names, leaves, _ = self._flatten(tree)
+        meta = {k: _plain(k, v) for k, v in metadata.items()}
         store = self.store
         clean = store.head() == self._synced_head and store.head() is not None
         held = self._leaves
         arrays = {}
         for n, x in zip(names, leaves):
-            if clean and held.get(n) is x:
+            # The same immutable object as at the last sync holds the same values;
+            # anything else (a NumPy array may have been written in place) is compared.
+            if clean and held.get(n) is x and _immutable(x):
                 continue
             if _deleted(x):
                 raise TrialError(f"leaf `{n}` was deleted (donated to a jitted step)",
@@ -267,17 +312,19 @@ class Tracker:
         if only_if_changed and clean and not gone and not store.is_dirty():
             self._synced(store.head(), names, leaves)
             return store.head()
-        meta = {k: _plain(k, v) for k, v in metadata.items()}
         v = store.commit(message, **meta)
         del stats
         self._synced(v, names, leaves)
         self.state = tree
         return v
 
-    def _build(self, target: Version, like: Any) -> Any:
-        """The tree of version `target` in the structure of `like`: leaves `target`
-        shares with the tracker's last sync are those objects, others new arrays.
-        Raises ``TrialError`` (changing nothing) when `target` does not fit `like`."""
+    def _build(self, target: Version, like: Any, keep_equal: bool = False) -> Any:
+        """The tree of version `target` in the structure of `like`: immutable leaves
+        `target` shares with the tracker's last sync are those objects, other leaves
+        new arrays read from the store (so a NumPy leaf handed back is the caller's
+        own, never an array anything else holds); with `keep_equal`, a NumPy leaf of
+        `like` that holds `target`'s values is kept. Raises ``TrialError`` (changing
+        nothing) when `target` does not fit `like`."""
         jax = _jax()
         names, leaves, treedef = self._flatten(like)
         store = self.store
@@ -298,7 +345,7 @@ class Tracker:
         wrong = []
         for n, x in zip(names, leaves):
             held = self._leaves.get(n)
-            if n in same and held is not None and not _deleted(held) \
+            if n in same and held is not None and _immutable(held) and not _deleted(held) \
                     and _layout(held) == _layout(x):
                 out.append(held)
                 continue
@@ -307,11 +354,31 @@ class Tracker:
             if want != _layout(x):
                 wrong.append(n)
                 continue
+            if keep_equal and not _immutable(x) and not _deleted(x) and _holds(x, a):
+                out.append(x)
+                continue
             out.append(leaf_like(a, x))
         if wrong:
             raise TrialError(f"the tree holds {wrong[:5]} with another shape or dtype than "
                              f"version {target}; nothing was changed", reason="model structure")
         return jax.tree_util.tree_unflatten(treedef, out)
+
+    def _stale(self, target: Version, tree: Any) -> bool:
+        """Whether `tree` (the tree `target` was committed from) has a leaf that no
+        longer holds `target`'s values: one a donating step deleted, or a NumPy leaf
+        written in place since. Reads only the mutable leaves' values."""
+        names, leaves, _ = self._flatten(tree)
+        snap = None
+        for n, x in zip(names, leaves):
+            if _deleted(x):
+                return True
+            if _immutable(x):
+                continue
+            if snap is None:
+                snap = self.store.snapshot(target)
+            if n not in snap or not _holds(x, snap[n]):
+                return True
+        return False
 
     def _move(self, target: Version, like: Any, move) -> Any:
         tree = self._build(target, self.state if like is None else like)
@@ -321,22 +388,24 @@ class Tracker:
         self.state = tree
         return tree
 
-    def _check_idle(self, what: str) -> None:
-        if self._trial is not None:
-            raise TrialError(f"{what}() inside a trial; leave the with block first",
-                             reason="inside trial")
-
     # ---- the public calls ----------------------------------------------------------------
 
     def commit(self, tree: Any, message: str = "", **metadata: Any) -> Version:
-        """Commit `tree`: leaves that are the arrays of the last sync are skipped without
-        reading them, others compared chunk by chunk; then an O(1) commit."""
+        """Commit `tree`: leaves that are the immutable arrays of the last sync are
+        skipped without reading them, others (NumPy leaves always: they may have been
+        written in place) compared chunk by chunk; then an O(1) commit. Raises a
+        checkpoint's error before it commits anything (see :meth:`checkpoint_every`)."""
         self._check_idle("commit")
-        return self._commit(tree, message, metadata)
+        self._checkpoint_outcome()
+        v = self._commit(tree, message, metadata)
+        self._checkpoint_after_commit()
+        return v
 
     def restore(self, ref: Any, like: Any = None) -> Any:
         """The tree of version `ref` (a Version or a ref name), in the structure of `like`
-        (default: :attr:`state`); HEAD moves there."""
+        (default: :attr:`state`); HEAD moves there. JAX leaves the version shares with
+        the last sync are those arrays; NumPy leaves are always new arrays (writing
+        into them changes no version)."""
         self._check_idle("restore")
         target = self.store.resolve(ref)
         return self._move(target, like, lambda: self.store.restore(target))
@@ -377,11 +446,6 @@ class Tracker:
         """``with tracker.trial(state) as t: state2 = step(state); t.keep(state2)``; after
         the block ``t.result`` is the kept tree or `state`."""
         return FunctionalTrial(self, tree, message)
-
-    def save(self, path: Union[str, "os.PathLike[str]", None] = None) -> SaveStats:
-        """Write the committed versions to the repository (only chunks it lacks)."""
-        self._check_idle("save")
-        return self.store.save_as(path) if path is not None else self.store.save()
 
     def log(self) -> list:
         return self.store.log()
