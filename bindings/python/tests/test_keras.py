@@ -81,7 +81,7 @@ def test_a_reverted_train_on_batch_puts_model_and_optimizer_back():
         loss = m.train_on_batch(*data(0))
         t.keep(loss=loss)
     assert tr.store.metadata(t.kept)["loss"] == pytest.approx(float(loss))
-    assert "optim/dense/kernel/momentum" in tr.store.names()
+    assert {"optim/" + v.path for v in opt.variables} <= set(tr.store.names())
 
 
 def optimizer_names():
@@ -135,7 +135,7 @@ def test_half_precision_variables_revert_bit_for_bit(dtype):
         m.train_on_batch(*data(1, dtype))
     for a, b in zip(all_values(m, opt), kept):
         assert same(a, b)
-    assert str(tr.store.get("model/dense/kernel").dtype) == dtype
+    assert str(tr.store.get("model/" + m.layers[0].kernel.path).dtype) == dtype
 
 
 def test_an_unbuilt_optimizer_is_built_by_track():
@@ -143,7 +143,7 @@ def test_an_unbuilt_optimizer_is_built_by_track():
     m = compiled(model(), opt)
     assert not opt.built
     tr = th.keras.track(m, opt)
-    assert opt.built and "optim/0/iteration" in tr.store.names()
+    assert opt.built and "optim/" + opt.iterations.path in tr.store.names()
     before = all_values(m, opt)
     with tr.trial():
         m.train_on_batch(*data(0))
@@ -159,7 +159,8 @@ def test_a_layer_added_inside_a_trial_is_named_after_the_rest_is_reverted():
         with tr.trial():
             m.layers[0].kernel.assign(values(m.layers[0].kernel) * 2)
             m.add(keras.layers.Dense(2))
-    assert e.value.reason == "model structure" and "model/dense_2/kernel" in str(e.value)
+    assert e.value.reason == "model structure"
+    assert "model/" + m.layers[-1].kernel.path in str(e.value)
     for a, b in zip(all_values(m)[:len(before)], before):
         assert same(a, b)
 
@@ -177,13 +178,14 @@ def test_resuming_into_a_model_of_another_shape_raises_before_assigning(tmp_path
         assert same(a, b)
 
 
-def test_a_tracker_without_a_store_gets_a_budget_of_four_model_sizes(tmp_path):
+def test_a_tracker_without_a_store_gets_a_budget_of_four_states(tmp_path):
+    """A state: the model's variables and the optimizer's (built by track)."""
     opt = keras.optimizers.Adam(0.01)
     m = compiled(model(), opt)
-    nbytes = sum(values(v).nbytes for v in m.variables)  # the model's, not the optimizer's
     tr = th.keras.track(m, opt)
-    assert tr.store.memory_budget == th.keras.DEFAULT_BUDGET_MODELS * nbytes == 4 * nbytes
-    assert th.keras.track(m, opt, path=tmp_path / "run").store.memory_budget == 4 * nbytes
+    state = sum(values(v).nbytes for v in [*m.variables, *opt.variables])
+    assert tr.store.memory_budget == th.keras.DEFAULT_BUDGET_MODELS * state == 4 * state
+    assert th.keras.track(m, opt, path=tmp_path / "run").store.memory_budget == 4 * state
     assert th.keras.track(m, opt, store=th.Store()).store.memory_budget is None
 
 
@@ -206,6 +208,233 @@ def test_a_history_past_the_default_budget_reads_back_bit_for_bit():
         for a, b in zip(all_values(m, opt), want):
             assert same(a, b)
     tr.store.verify()
+
+
+# ---- store names: the variables' Keras paths --------------------------------------------
+
+
+def named_model():
+    return keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, name="hidden"),
+                             keras.layers.Dense(3, name="out")], name="net")
+
+
+def test_variables_are_named_by_their_keras_paths():
+    """A layer named ``hidden`` is stored as ``model/net/hidden/kernel``: the history reads
+    by the model's own names (``variable.path``), the optimizer's by theirs."""
+    opt = keras.optimizers.Adam(0.01)
+    m = compiled(named_model(), opt)
+    tr = th.keras.track(m, opt)
+    want = {"model/" + v.path for v in m.variables} | {"optim/" + v.path for v in opt.variables}
+    assert set(tr.store.names()) == want
+    assert {"model/net/hidden/kernel", "model/net/out/bias"} <= want
+    assert [n for n, _ in th.tf.keras_model_variables(m)] == [v.path for v in m.variables]
+    for v in m.variables:
+        assert same(tr.store.get("model/" + v.path), values(v))
+
+
+class Twins(keras.Model):
+    """Two sublayers given the same name: Keras gives their variables the same paths."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.first = keras.layers.Dense(3, name="same")
+        self.second = keras.layers.Dense(3, name="same")
+
+    def call(self, x):
+        return self.second(self.first(x))
+
+
+class Block(keras.Model):
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.hidden = keras.layers.Dense(3, name="hidden")
+
+    def call(self, x):
+        return self.hidden(x)
+
+
+class TwoBlocks(keras.Model):
+    """Two sub-models of the same name, with the same layer names."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.encode = Block(name="block")
+        self.decode = Block(name="block")
+
+    def call(self, x):
+        return self.decode(self.encode(x))
+
+
+def numbered(paths):
+    """The documented rule: the first variable of a path keeps it, the k-th repeat (in
+    the order of ``model.variables`` / ``optimizer.variables``) is ``<path>#<k>``."""
+    seen: dict = {}
+    out = []
+    for p in paths:
+        k = seen.get(p, 0)
+        seen[p] = k + 1
+        out.append(p if k == 0 else f"{p}#{k}")
+    return out
+
+
+@pytest.mark.parametrize("cls", [Twins, TwoBlocks])
+def test_variables_that_share_a_keras_path_are_numbered_in_order(cls, tmp_path):
+    keras.utils.set_random_seed(0)
+    m = cls()
+    m(np.ones((2, 3), "float32"))
+    paths = [v.path for v in m.variables]
+    assert len(set(paths)) < len(paths)  # Keras' paths repeat
+    tr = th.keras.track(m, path=tmp_path / "run")
+    want = numbered(paths)
+    assert [n for n, _ in th.tf.keras_model_variables(m)] == want
+    assert sorted(tr.store.names()) == sorted("model/" + n for n in want)
+    for n, v in zip(want, m.variables):
+        assert same(tr.store.get("model/" + n), values(v))
+    before = all_values(m)
+    last = m.variables[-2]  # the second layer's kernel
+    with tr.trial():
+        last.assign(values(last) + 1)
+    for a, b in zip(all_values(m), before):
+        assert same(a, b)
+    tr.save()
+    # the same model built again (Keras numbers its name on: other paths) resumes it
+    keras.utils.set_random_seed(1)
+    m2 = cls()
+    m2(np.ones((2, 3), "float32"))
+    assert m2.variables[0].path != m.variables[0].path
+    th.keras.track(m2, path=tmp_path / "run")
+    for a, b in zip(all_values(m2), before):
+        assert same(a, b)
+
+
+def test_optimizer_variables_that_share_a_keras_path_are_numbered_in_order():
+    """Adafactor names its factored moments after the variable's name alone: the kernels'
+    moments share ``adafactor/kernel``."""
+    opt = keras.optimizers.Adafactor(0.01)
+    m = compiled(model(), opt)
+    tr = th.keras.track(m, opt)
+    paths = [v.path for v in opt.variables]
+    assert len(set(paths)) < len(paths)
+    want = numbered(paths)
+    assert [n for n, _ in th.tf.keras_optimizer_variables(opt, m.trainable_variables)] == want
+    assert sorted(n for n in tr.store.names() if n.startswith("optim/")) == \
+        sorted("optim/" + n for n in want)
+
+
+def test_a_model_built_again_in_the_same_process_resumes_its_history(tmp_path):
+    """Keras numbers auto-named layers with a process-wide counter, so the same
+    architecture built again has other paths (``dense_4`` for ``dense``): it resumes the
+    history, and its commits go on under the history's names."""
+    opt = keras.optimizers.Adam(0.01)
+    m = compiled(model(), opt)
+    tr = th.keras.track(m, opt, path=tmp_path / "run")
+    for i in range(2):
+        with tr.trial() as t:
+            m.train_on_batch(*data(i))
+            t.keep()
+    tr.save()
+    names = set(tr.store.names())
+    want = all_values(m, opt)
+    opt2 = keras.optimizers.Adam(0.01)
+    m2 = compiled(model(seed=4), opt2)
+    assert {v.path for v in m2.variables}.isdisjoint(v.path for v in m.variables)
+    tr2 = th.keras.track(m2, opt2, path=tmp_path / "run")
+    for a, b in zip(all_values(m2, opt2), want):
+        assert same(a, b)
+    with tr2.trial() as t:
+        m2.train_on_batch(*data(2))
+        t.keep()
+    assert set(tr2.store.names()) == names
+    assert not tr2.is_dirty()
+    tr2.undo()
+    for a, b in zip(all_values(m2, opt2), want):
+        assert same(a, b)
+
+
+def test_names_numbered_otherwise_match_in_the_order_of_their_numbers(tmp_path):
+    """Twelve layers of one shape, numbered as Keras' counter numbers them: 0 to 11 in the
+    history, 95 to 106 in the model that resumes it (numbers of other widths, so the
+    order is by number, not by text); each layer gets its own values back."""
+    def deep(first, seed):
+        keras.utils.set_random_seed(seed)
+        return keras.Sequential([keras.Input((3,))] + [
+            keras.layers.Dense(3, name=f"dense_{first + i}") for i in range(12)])
+
+    m = deep(0, 0)
+    tr = th.keras.track(m, path=tmp_path / "run")
+    tr.save()
+    want = all_values(m)
+    m2 = deep(95, 1)
+    tr2 = th.keras.track(m2, path=tmp_path / "run")
+    for a, b in zip(all_values(m2), want):
+        assert same(a, b)
+    assert set(tr2.store.names()) == set(tr.store.names())
+
+
+def test_a_history_written_under_the_structural_names_resumes_and_goes_on(tmp_path):
+    """Histories written with the structural names (``model/dense_1/kernel``,
+    ``optim/dense_1/kernel/momentum``, ``optim/0/iteration``) still resume, and the
+    tracker goes on under those names."""
+    opt = keras.optimizers.Adam(0.01)
+    m = compiled(model(), opt)
+    m.train_on_batch(*data(0))
+    pairs = th.tf.keras_structural_variables(m)
+    optim = th.tf.keras_structural_optimizer_variables(
+        opt, m.trainable_variables, {id(v): n for n, v in pairs})
+    assert "dense_1/kernel" in dict(pairs) and "dense/kernel/momentum" in dict(optim)
+    store = th.Store()
+    store.sync({**{"model/" + n: values(v) for n, v in pairs},
+                **{"optim/" + n: values(v) for n, v in optim}})
+    store.commit("written under the structural names")
+    store.save_as(str(tmp_path / "run"))
+    names = set(store.names())
+    want = all_values(m, opt)
+    opt2 = keras.optimizers.Adam(0.01)
+    m2 = compiled(model(seed=3), opt2)
+    tr = th.keras.track(m2, opt2, path=tmp_path / "run")
+    for a, b in zip(all_values(m2, opt2), want):
+        assert same(a, b)
+    assert not tr.is_dirty()
+    with tr.trial() as t:
+        m2.train_on_batch(*data(1))
+        t.keep()
+    assert set(tr.store.names()) == names
+    tr.restore(tr.store.parent(t.kept))
+    for a, b in zip(all_values(m2, opt2), want):
+        assert same(a, b)
+
+
+# ---- variables TensorFlow keeps in copy-on-read mode -----------------------------------
+
+
+def test_an_embedding_trained_with_sgd_is_clean_after_a_kept_step():
+    """On the tensorflow backend SGD updates an embedding table with a scatter (its
+    gradient is sparse), which puts the table in copy-on-read mode: it is compared by
+    bytes, so a kept step leaves the tracker clean on every backend."""
+    opt = keras.optimizers.SGD(0.1)
+    m = compiled(keras.Sequential([keras.Input((3,), dtype="int32"),
+                                   keras.layers.Embedding(10, 4), keras.layers.Flatten(),
+                                   keras.layers.Dense(2)]), opt)
+    tr = th.keras.track(m, opt)
+    x, y = np.array([[1, 2, 3], [4, 5, 1]], "int32"), np.ones((2, 2), "float32")
+    before = all_values(m, opt)
+    with tr.trial() as t:
+        m.train_on_batch(x, y)
+        t.keep()
+    kept = all_values(m, opt)
+    assert not tr.is_dirty()
+    versions = tr.stats().versions
+    with tr.trial():
+        pass
+    assert tr.stats().versions == versions
+    with tr.trial():
+        m.train_on_batch(x, y)
+    for a, b in zip(all_values(m, opt), kept):
+        assert same(a, b)
+    assert not tr.is_dirty()
+    tr.undo()
+    for a, b in zip(all_values(m, opt), before):
+        assert same(a, b)
 
 
 CHILD = r"""
@@ -277,11 +506,13 @@ class KerasMachine(TrackerMachine):
     def make(self, dtype, seed):
         return model(seed=seed, dtype=dtype)
 
+    # Keyed by the structural names, the same for the model built again by
+    # save_and_reopen (whose Keras paths are numbered on).
     def values(self, m):
-        return {"model/" + n: values(v) for n, v in th.tf.keras_model_variables(m)}
+        return {n: values(v) for n, v in th.tf.keras_structural_variables(m)}
 
     def assign(self, m, name, value):
-        dict(th.tf.keras_model_variables(m))[name[len("model/"):]].assign(value)
+        dict(th.tf.keras_structural_variables(m))[name].assign(value)
 
     def track(self, m, **kw):
         return th.keras.track(m, **kw)

@@ -16,6 +16,9 @@ else:
     tf = pytest.importorskip("tensorflow", reason="TensorFlow is not installed")
 
 from hypothesis import HealthCheck, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+from hypothesis.stateful import (RuleBasedStateMachine, invariant,  # noqa: E402
+                                 precondition, rule)
 
 import tensor_history as th  # noqa: E402
 import tensor_history.tf  # noqa: E402,F401
@@ -324,8 +327,9 @@ def test_an_unbuilt_optimizer_is_built_by_track_and_its_first_step_reverted():
     opt = keras.optimizers.Adam(0.01)
     assert not opt.built
     tr = th.tf.track(m, opt)
-    assert opt.built and "optim/dense/kernel/momentum" in tr.store.names()
-    assert "optim/0/iteration" in tr.store.names()
+    assert opt.built
+    assert {"optim/" + v.path for v in opt.variables} <= set(tr.store.names())
+    assert "optim/" + opt.iterations.path in tr.store.names()
     before = all_vars(m, opt)
     step = train_fn(m, opt)
     with tr.trial():
@@ -350,7 +354,7 @@ def test_keras_half_precision_training_reverts_bit_for_bit(dtype):
         step(*batch(1, dtype))
     for a, b in zip(all_vars(m, opt), kept):
         assert same(a, b)
-    assert str(tr.store.get("model/dense/kernel").dtype) == dtype
+    assert str(tr.store.get("model/" + m.layers[0].kernel.path).dtype) == dtype
 
 
 def test_a_saved_keras_history_resumes_into_a_new_model(tmp_path):
@@ -372,16 +376,315 @@ def test_a_saved_keras_history_resumes_into_a_new_model(tmp_path):
     assert len(tr2.log()) == 4
 
 
+# ---- a tf.Module trained with a Keras optimizer ----------------------------------------
+
+
+class Mlp(tf.Module):
+    """Plain ``tf.Variable``s (no Keras paths; all of them named ``Variable:0``)."""
+
+    def __init__(self, seed=0):
+        super().__init__()
+        rng = np.random.default_rng(seed)
+        self.w = tf.Variable(rng.standard_normal((4, 8)).astype(np.float32))
+        self.b = tf.Variable(np.zeros(8, np.float32))
+        self.layers = [tf.Variable(rng.standard_normal((8, 3)).astype(np.float32)),
+                       tf.Variable(np.zeros(3, np.float32))]
+
+    def __call__(self, x):
+        return tf.matmul(tf.tanh(tf.matmul(x, self.w) + self.b), self.layers[0]) + self.layers[1]
+
+
+def slot_optimizers():
+    """Every optimizer Keras ships, plus the settings that add slots (SGD's momentum,
+    RMSprop's momentum and centered average, Adam's and AdamW's amsgrad). Not Muon: it
+    reads ``variable.path`` of the variables it is built over, which plain
+    ``tf.Variable``s lack (Keras raises, tracked or not)."""
+    out = [(name, {}) for name in optimizer_classes() if name != "Muon"]
+    out += [("SGD", {"momentum": 0.9}), ("RMSprop", {"momentum": 0.9, "centered": True}),
+            ("Adam", {"amsgrad": True}), ("AdamW", {"amsgrad": True})]
+    return out
+
+
+def module_step(net, opt):
+    @tf.function
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean((net(x) - y) ** 2)
+        grads = tape.gradient(loss, net.trainable_variables)
+        opt.apply(grads, net.trainable_variables)
+        return loss
+    return step
+
+
+def module_vars(net, opt):
+    return [v.numpy() for v in net.trainable_variables] + \
+        [np.array(keras.ops.convert_to_numpy(v.value)) for v in opt.variables]
+
+
+@pytest.mark.parametrize("name,kw", slot_optimizers(),
+                         ids=[f"{n}{'-' + '-'.join(k) if k else ''}" for n, k in slot_optimizers()])
+def test_a_tf_module_trained_with_a_keras_optimizer_matches_copies_bit_for_bit(name, kw):
+    """A ``tf.Module`` of plain variables trained with ``keras.optimizers``: trials keep or
+    revert the module and the optimizer's slots, bit for bit as a run that keeps NumPy
+    copies of every variable and assigns them back on rejection."""
+    cls = getattr(keras.optimizers, name)
+    n1, n2 = Mlp(), Mlp()
+    o1, o2 = cls(learning_rate=0.01, **kw), cls(learning_rate=0.01, **kw)
+    o2.build(n2.trainable_variables)
+    tr = th.tf.track(n1, o1, store=th.Store())  # no budget: every version is kept
+    assert len(tr.store.names()) == len(n1.trainable_variables) + len(o1.variables)
+    s1, s2 = module_step(n1, o1), module_step(n2, o2)
+    ref = list(n2.trainable_variables) + list(o2.variables)
+    kept = 0
+    for i in range(5):
+        accept = i % 3 != 1
+        kept += accept
+        saved = [v.numpy() for v in ref]
+        s2(*batch(i))
+        if not accept:
+            for v, a in zip(ref, saved):
+                v.assign(a)
+        with tr.trial() as t:
+            s1(*batch(i))
+            if accept:
+                t.keep()
+        for a, b in zip(module_vars(n1, o1), module_vars(n2, o2)):
+            assert same(a, b), name
+    tr.store.verify()
+    assert tr.stats().versions == 1 + kept
+
+
+def test_the_slots_of_a_tf_module_are_named_by_its_variables_store_names():
+    net = Mlp()
+    opt = keras.optimizers.Adam(0.01)
+    tr = th.tf.track(net, opt)
+    module = ["w", "b", "layers/0", "layers/1"]
+    assert sorted(tr.store.names()) == sorted(
+        [f"model/{n}" for n in module] + ["optim/0/iteration", "optim/1/learning_rate"]
+        + [f"optim/{n}/{s}" for n in module for s in ("momentum", "velocity")])
+    # each slot has the shape of the variable it is named after
+    for n in module:
+        assert tr.store.get(f"optim/{n}/momentum").shape == tr.store.get(f"model/{n}").shape
+
+
+def test_an_optimizer_built_over_some_variables_in_another_order_names_its_slots_right():
+    net = Mlp()
+    opt = keras.optimizers.SGD(0.01, momentum=0.9)
+    opt.build([net.layers[0], net.w])  # not the module's order, and not all of them
+    tr = th.tf.track(net, opt)
+    names = [n for n in tr.store.names() if n.startswith("optim/") and n.endswith("/momentum")]
+    assert sorted(names) == ["optim/layers/0/momentum", "optim/w/momentum"]
+    opt.momentums[0].assign(tf.fill((8, 3), 7.0))  # the slot of layers[0]
+    v = tr.commit("slot")
+    assert (tr.store.get("optim/layers/0/momentum", at=v) == 7).all()
+    assert (tr.store.get("optim/w/momentum", at=v) == 0).all()
+
+
+def test_a_tf_module_and_its_keras_optimizer_resume_from_a_repository(tmp_path):
+    net = Mlp()
+    opt = keras.optimizers.Adam(0.01)
+    tr = th.tf.track(net, opt, path=tmp_path / "run")
+    step = module_step(net, opt)
+    for i in range(3):
+        with tr.trial() as t:
+            step(*batch(i))
+            t.keep()
+    tr.save()
+    want = module_vars(net, opt)
+    net2, opt2 = Mlp(seed=3), keras.optimizers.Adam(0.01)
+    th.tf.track(net2, opt2, path=tmp_path / "run")
+    for a, b in zip(module_vars(net2, opt2), want):
+        assert same(a, b)
+
+
+# ---- variables in copy-on-read mode (after a sparse read or update) --------------------
+
+
+def test_a_variable_after_scatter_nd_update_is_clean_once_committed():
+    """scatter_nd_update puts the variable in TensorFlow's copy-on-read mode (every read is
+    a new buffer): is_dirty(), trials and undo() go by its bytes."""
+    table = tf.Variable(tf.zeros((6, 4)))
+    other = tf.Variable(tf.ones(3))
+    tr = th.tf.track({"table": table, "other": other})
+    table.scatter_nd_update([[1], [3]], tf.ones((2, 4)))
+    assert tr.is_dirty()
+    v1 = tr.commit("scatter")
+    assert not tr.is_dirty()
+    versions = tr.stats().versions
+    with tr.trial():  # nothing changed since v1: no "(base)" version
+        pass
+    assert tr.stats().versions == versions and tr.store.head() == v1
+    with tr.trial() as t:
+        table.scatter_nd_update([[0]], tf.fill((1, 4), 2.0))
+        t.keep()
+    assert not tr.is_dirty()
+    assert tr.undo() == v1  # does not raise UncommittedChanges
+    assert same(table.numpy(), tr.store.get("model/table", at=v1))
+    assert not tr.is_dirty()
+    tr.redo()
+    assert (table.numpy()[0] == 2).all() and not tr.is_dirty()
+
+
+SPARSE = {
+    "scatter_update": lambda v: v.scatter_update(tf.IndexedSlices(tf.fill((1, 4), 5.0), [2])),
+    "scatter_add": lambda v: v.scatter_add(tf.IndexedSlices(tf.ones((1, 4)), [0])),
+    "scatter_sub": lambda v: v.scatter_sub(tf.IndexedSlices(tf.ones((1, 4)), [1])),
+    "scatter_max": lambda v: v.scatter_max(tf.IndexedSlices(tf.fill((1, 4), 9.0), [4])),
+    "scatter_nd_add": lambda v: v.scatter_nd_add([[5]], tf.ones((1, 4))),
+    "batch_scatter_update": lambda v: v.batch_scatter_update(
+        tf.IndexedSlices(tf.fill((1, 4), 3.0), [3])),
+    "gather (a read)": lambda v: tf.gather(v, [1, 2]),
+    "sparse_read (a read)": lambda v: v.sparse_read([0]),
+}
+
+
+@pytest.mark.parametrize("op", sorted(SPARSE))
+def test_is_dirty_and_undo_after_a_sparse_read_or_update(op):
+    table = tf.Variable(np.arange(24, dtype=np.float32).reshape(6, 4))
+    tr = th.tf.track({"table": table})
+    v0 = tr.store.head()
+    before = table.numpy()
+    SPARSE[op](table)
+    changed = not same(table.numpy(), before)
+    assert tr.is_dirty() == changed
+    if changed:
+        v1 = tr.commit(op)
+        assert not tr.is_dirty()
+        assert tr.undo() == v0 and same(table.numpy(), before)
+        assert not tr.is_dirty()
+        tr.redo()
+        assert tr.store.head() == v1 and not tr.is_dirty()
+    SPARSE[op](table)  # the same op again, then a trial left without keep
+    with tr.trial():
+        table.assign_add(tf.ones((6, 4)))
+    assert not tr.is_dirty()
+
+
+class CopyOnRead(RuleBasedStateMachine):
+    """Random scatter, gather and assign writes into variables (which go into copy-on-read
+    mode at their first sparse access), commits, trials, restores and undos, against a
+    model of NumPy copies: the variables hold the model's working values after every
+    step, and ``is_dirty()`` says whether they differ from HEAD's."""
+
+    def __init__(self):
+        super().__init__()
+        self.vars = {"a": tf.Variable(np.zeros((5, 3), np.float32)),
+                     "b": tf.Variable(np.ones((4, 2), np.float32)),
+                     "c": tf.Variable(np.full(7, 2, np.float32))}
+        self.tracker = th.tf.track(self.vars)
+        self.head = self.tracker.store.head()
+        self.versions = {self.head: self.values()}
+        self.working = self.values()
+        self.parents = {self.head: None}
+        self.rng = np.random.default_rng(0)
+
+    def values(self):
+        return {k: v.numpy() for k, v in self.vars.items()}
+
+    def fresh(self, shape):
+        return self.rng.standard_normal(shape).astype(np.float32)
+
+    @rule(name=st.sampled_from("abc"), data=st.data())
+    def scatter(self, name, data):
+        v = self.vars[name]
+        rows = data.draw(st.lists(st.integers(0, v.shape[0] - 1), min_size=1, max_size=3,
+                                  unique=True))
+        upd = self.fresh((len(rows),) + tuple(v.shape[1:]))
+        v.scatter_nd_update([[r] for r in rows], upd)
+        self.working[name][rows] = upd
+
+    @rule(name=st.sampled_from("abc"))
+    def assign(self, name):
+        self.assign_new(name)
+
+    def assign_new(self, name):
+        new = self.fresh(self.vars[name].shape)
+        self.vars[name].assign(new)
+        self.working[name] = new
+
+    @rule(name=st.sampled_from("abc"))
+    def gather(self, name):
+        tf.gather(self.vars[name], [0])
+
+    @rule()
+    def commit(self):
+        v = self.tracker.commit("c")
+        self.parents[v] = self.head
+        self.head = v
+        self.versions[v] = {k: a.copy() for k, a in self.working.items()}
+
+    @rule(keep=st.booleans(), name=st.sampled_from("abc"), sparse=st.booleans())
+    def trial(self, keep, name, sparse):
+        before = self.head
+        with self.tracker.trial() as t:
+            if t.base != before:
+                self.parents[t.base] = before
+                self.head = t.base
+                self.versions[t.base] = {k: a.copy() for k, a in self.working.items()}
+            if sparse:
+                self.scatter_row(name)
+            else:
+                self.assign_new(name)
+            if keep:
+                v = t.keep()
+        if keep:
+            self.parents[v] = self.head
+            self.head = v
+            self.versions[v] = {k: a.copy() for k, a in self.working.items()}
+        else:
+            self.working = {k: a.copy() for k, a in self.versions[self.head].items()}
+
+    def scatter_row(self, name):
+        v = self.vars[name]
+        upd = self.fresh((1,) + tuple(v.shape[1:]))
+        v.scatter_nd_update([[0]], upd)
+        self.working[name][[0]] = upd
+
+    @rule(data=st.data())
+    def restore(self, data):
+        v = data.draw(st.sampled_from(sorted(self.versions)))
+        self.tracker.restore(v)
+        self.head = v
+        self.working = {k: a.copy() for k, a in self.versions[v].items()}
+
+    @precondition(lambda self: self.parents.get(self.head) is not None)
+    @rule()
+    def undo(self):
+        clean = all(same(self.working[k], self.versions[self.head][k]) for k in self.working)
+        if not clean:
+            with pytest.raises(th.UncommittedChanges):
+                self.tracker.undo()
+            return
+        parent = self.tracker.store.parent(self.head)
+        assert self.tracker.undo() == parent
+        self.head = parent
+        self.working = {k: a.copy() for k, a in self.versions[parent].items()}
+
+    @invariant()
+    def variables_hold_the_working_values_and_is_dirty_says_if_they_moved(self):
+        live = self.values()
+        for k in live:
+            assert same(live[k], self.working[k]), k
+        moved = any(not same(self.working[k], self.versions[self.head][k]) for k in live)
+        assert self.tracker.is_dirty() == moved
+
+
+TestCopyOnRead = CopyOnRead.TestCase
+TestCopyOnRead.settings = settings(max_examples=20, stateful_step_count=15, deadline=None,
+                                   suppress_health_check=list(HealthCheck))
+
+
 # ---- the default memory budget ----------------------------------------------------------
 
 
-def test_a_tracker_without_a_store_gets_a_budget_of_four_model_sizes(tmp_path):
+def test_a_tracker_without_a_store_gets_a_budget_of_four_states(tmp_path):
+    """A state: the model's variables and the optimizer's (built by track)."""
     m = keras_model()
     opt = keras.optimizers.Adam(0.01)
-    nbytes = sum(v.numpy().nbytes for v in m.variables)  # the model's, not the optimizer's
     tr = th.tf.track(m, opt)
-    assert tr.store.memory_budget == th.tf.DEFAULT_BUDGET_MODELS * nbytes == 4 * nbytes
-    assert th.tf.track(m, opt, path=tmp_path / "run").store.memory_budget == 4 * nbytes
+    state = sum(v.numpy().nbytes for v in [*m.variables, *opt.variables])
+    assert tr.store.memory_budget == th.tf.DEFAULT_BUDGET_MODELS * state == 4 * state
+    assert th.tf.track(m, opt, path=tmp_path / "run").store.memory_budget == 4 * state
     assert th.tf.track(m, opt, store=th.Store()).store.memory_budget is None
     net = Net(tf.float16)
     assert th.tf.track(net).store.memory_budget == 4 * sum(

@@ -9,17 +9,26 @@
 
 The same trials, commits, undo, redo, branches and saves as ``tensor_history.tf``, over
 ``model.variables`` (trainable and not) and ``optimizer.variables``, on the backend
-Keras runs on (``KERAS_BACKEND=tensorflow|jax|torch``). Names in the store are
-structural (``model/dense_1/kernel``, ``optim/dense_1/kernel/momentum``,
-``optim/0/iteration``; see :func:`tensor_history.tf.keras_model_variables`), the same
-on every backend, so a history saved under one backend opens under another for the same
-architecture. An optimizer not built yet is built by ``track`` over the model's
-trainable variables, as its first step would.
+Keras runs on (``KERAS_BACKEND=tensorflow|jax|torch``). Names in the store are the
+variables' Keras paths (``variable.path``), the same on every backend:
+``model/sequential/hidden/kernel`` for a ``Dense`` layer named ``hidden``,
+``optim/adam/iteration``, ``optim/adam/sequential_hidden_kernel_momentum``; a path that
+several variables share is numbered ``<path>#1``, ... after the first, in the order of
+``model.variables`` (see :func:`tensor_history.tf.keras_model_variables`). A history
+saved under one backend opens under another. The same architecture built again has
+other paths where Keras named the layers with its process-wide counter
+(``sequential_1/dense_2/kernel``): resuming a history matches those by structure, and
+the tracker goes on under the history's names (so too for histories written under
+the structural names of earlier versions, ``model/dense_1/kernel``). An optimizer not
+built yet is built by ``track`` over the model's trainable variables, as its first
+step would.
 
 How unchanged variables are found without copying them, per backend:
 
 - tensorflow: the variable's buffer (TensorFlow copies on write while the tracker holds
-  the tensor it read at the last sync), as in ``tensor_history.tf``.
+  the tensor it read at the last sync), as in ``tensor_history.tf``; a variable in
+  TensorFlow's copy-on-read mode (an embedding table updated by SGD's sparse step,
+  any ``scatter_*`` or ``tf.gather`` of it) is compared by bytes.
 - jax: the identity of the variable's value (a new immutable array at every update;
   the tracker holds the arrays it synced).
 - torch: the tensor's storage, layout and in-place version counter, as in
@@ -34,8 +43,9 @@ sync, without a copy, and every variable is read by one traced call, as in
 ``tensor_history.tf``.
 
 The store ``track`` makes (in memory, or opened at ``path``) has a memory budget of
-``DEFAULT_BUDGET_MODELS`` (4) times the model's variables' bytes (not the optimizer's);
-versions past it are kept encoded. Pass ``store=`` to choose another.
+``DEFAULT_BUDGET_MODELS`` (4) tracked states (the model's variables and the
+optimizer's), raised as the state grows; versions past it are kept encoded. Pass
+``store=`` to choose another.
 
 Buffer donation on the JAX backend: Keras's JAX trainer (``fit``, ``train_on_batch``)
 passes the variables' arrays to a jitted step that donates them, so an array the tracker

@@ -21,13 +21,31 @@ How it works, and what to know:
   share a name) or a dict name -> variable of ``tf.Variable``s, every variable
   of a ``tf.Module`` (found again at each commit, so variables created after tracking
   are picked up; names are their attribute paths, ``layers/0/w``), or every variable of
-  a Keras model (``model.variables``, trainable and not, by structural names the same
-  in every process and on every backend: ``dense_1/kernel``, see
-  :func:`keras_model_variables`), plus a Keras optimizer's variables
-  (``0/iteration``, ``1/learning_rate``, slots as ``dense_1/kernel/momentum``). An
-  optimizer that has not been built yet is built by ``track`` over the model's
+  a Keras model (``model.variables``, trainable and not), plus a Keras optimizer's
+  variables. Names in the store: ``model/<name>`` and ``optim/<name>``.
+- A Keras model's variables are named by their Keras paths (``variable.path``:
+  ``model/sequential/hidden/kernel`` for a ``Dense`` layer named ``hidden``), its
+  optimizer's by theirs (``optim/adam/iteration``,
+  ``optim/adam/sequential_hidden_kernel_momentum``), so a history reads by the model's
+  own names in any process, framework or Keras backend. A path that several variables
+  share (two sublayers given the same name; Adafactor's moments) is kept by the first
+  and numbered ``<path>#1``, ``<path>#2`` for the others, in the order of
+  ``model.variables`` / ``optimizer.variables`` (see :func:`keras_model_variables`).
+  Keras numbers the layers it names itself with a process-wide counter, so the same
+  architecture built again (in the same process, or after other models) has other
+  paths (``sequential_1/dense_2/kernel``): a tracker that resumes a history (``track(...,
+  path=)`` or ``store=``) matches such names by structure and goes on under the
+  history's names, as it goes on under the structural names earlier versions wrote
+  (``model/dense_1/kernel``, ``optim/dense_1/kernel/momentum``, ``optim/0/iteration``;
+  see :func:`keras_structural_variables`).
+- The Keras optimizer of plain ``tf.Variable``s (a ``tf.Module`` trained with
+  ``keras.optimizers``): its slots are named after the variables' store names
+  (``optim/layers/0/momentum``, ``optim/w/velocity``; see
+  :func:`keras_optimizer_slots`), its other variables by position (``optim/0/iteration``,
+  ``optim/1/learning_rate``).
+- An optimizer that has not been built yet is built by ``track`` over the model's
   trainable variables, as its first ``apply`` would do, so that its state is part of
-  the first version. Names in the store: ``model/<name>`` and ``optim/<path>``.
+  the first version.
 - Restores go through ``Variable.assign``: the same ``tf.Variable`` objects, so graphs,
   ``tf.function``s and optimizers holding them stay valid. Only variables that may
   differ from the target are assigned; a restore first checks that every variable has
@@ -41,9 +59,15 @@ How it works, and what to know:
   is unchanged, and only the others are compared chunk by chunk. The cost: the first
   update of each variable after a commit copies it once inside TensorFlow (what the
   ``[v.numpy() for v in variables]`` idiom pays, but only for variables that change).
-  Variables in TensorFlow's copy-on-read mode (after sparse updates such as
-  ``scatter_update``) get a new buffer at each read and are always compared.
   ``trust_versions=False`` compares every variable's bytes.
+- A variable that has been read or written sparsely (``tf.gather`` or
+  ``embedding_lookup`` of it, ``sparse_read``, any ``scatter_*``, an optimizer step with
+  a sparse gradient such as an embedding's) is in TensorFlow's copy-on-read mode from
+  then on: every read gives a new copy, so its buffer proves nothing. The tracker reads
+  every variable twice in its traced read (two reads of a variable share a buffer
+  unless it is in that mode) and compares those variables by bytes, at each commit,
+  trial and ``is_dirty()``: a cost of O(their bytes) each time, what copy-on-read
+  already costs each read.
 - The held tensors are also what a trial's revert puts back: a variable TensorFlow
   wrote since the last sync, whose target value is the one it had then (every variable
   in a revert; in a restore, those the target holds as the synced version does), is
@@ -55,9 +79,9 @@ How it works, and what to know:
   variables changes): a commit or a trial costs a few microseconds per variable that
   did not change, where an eager read each costs tens.
 - The store ``track`` makes (in memory, or opened at ``path``) has a memory budget of
-  ``DEFAULT_BUDGET_MODELS`` (4) times the model's variables' bytes (not the
-  optimizer's): versions past it are kept encoded (lossless deltas, see
-  ``Store(memory_budget=...)``). Pass ``store=`` to choose another.
+  ``DEFAULT_BUDGET_MODELS`` (4) tracked states (the model's variables and the
+  optimizer's), raised as the state grows: versions past it are kept encoded (lossless
+  deltas, see ``Store(memory_budget=...)``). Pass ``store=`` to choose another.
 - Variables added after tracking (a Keras layer built later, a new attribute of a
   ``tf.Module``) are recorded by the next commit. A trial's revert that meets one puts
   back everything else, then raises ``TrialError(reason="model structure")`` naming it;
@@ -84,7 +108,9 @@ from ._errors import TrialError
 from ._tracker import DEFAULT_BUDGET_MODELS, AssignTracker, Trial, tracker_store
 
 __all__ = ["DEFAULT_BUDGET_MODELS", "Tracker", "Trial", "keras_model_variables",
-           "keras_optimizer_variables", "model_variables", "track", "variables_bytes"]
+           "keras_optimizer_slots", "keras_optimizer_variables",
+           "keras_structural_optimizer_variables", "keras_structural_variables",
+           "model_variables", "track", "variables_bytes"]
 
 
 def _tf() -> Any:
@@ -113,14 +139,59 @@ def _snake(name: str) -> str:
     return re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", out).lower()
 
 
-def keras_model_variables(model: Any) -> List[Tuple[str, Any]]:
-    """(name, variable) of every variable of a Keras model or layer, trainable and not.
+def _keras_path(v: Any) -> str:
+    """A Keras variable's path (a plain ``tf.Variable``, which has none: its name)."""
+    path = getattr(v, "path", None)
+    return path if isinstance(path, str) else str(v.name)
 
-    Names are structural, so that they are the same in every process and on every
-    backend for the same architecture (Keras's own paths carry global counters,
-    ``sequential_3/dense_7/kernel``): each sublayer is named by its class in snake case,
-    numbered within its parent (``dense``, ``dense_1``, ``batch_normalization``), and a
-    variable by its own name within its layer: ``dense_1/kernel``."""
+
+def _numbered(variables: List[Any]) -> List[Tuple[str, Any]]:
+    """(name, variable) by Keras path; a path that several variables share is kept by
+    the first and numbered ``<path>#<k>`` for the k-th repeat, in the order given (the
+    smallest k free, should a path end in ``#<k>`` itself)."""
+    paths = [_keras_path(v) for v in variables]
+    taken = set(paths)
+    seen: Dict[str, int] = {}
+    out = []
+    for p, v in zip(paths, variables):
+        k = seen.get(p, 0)
+        if k == 0:
+            name = p
+            k = 1
+        else:
+            while f"{p}#{k}" in taken:
+                k += 1
+            name = f"{p}#{k}"
+            taken.add(name)
+            k += 1
+        seen[p] = k
+        out.append((name, v))
+    return out
+
+
+def keras_model_variables(model: Any) -> List[Tuple[str, Any]]:
+    """(name, variable) of every variable of a Keras model or layer, trainable and not,
+    named by its Keras path (``variable.path``: ``sequential/hidden/kernel`` for a
+    ``Dense`` layer named ``hidden``), so that a history reads by the model's own names
+    in any process, framework or backend. Keras' paths are not always unique (two
+    sublayers given the same name): a path that several variables share is kept by the
+    first and numbered ``<path>#1``, ``<path>#2``, ... for the others, in the order of
+    ``model.variables``.
+
+    Keras numbers the names of layers it names itself with a process-wide counter
+    (``dense``, then ``dense_1``, ...), so the same architecture built again has other
+    paths: a tracker that resumes a history matches those by structure (see
+    :class:`Tracker`)."""
+    return _numbered(list(model.variables))
+
+
+def keras_structural_variables(model: Any) -> List[Tuple[str, Any]]:
+    """(name, variable) of every variable of a Keras model or layer by the structural
+    names earlier versions stored them under; kept to read the histories they wrote.
+
+    Each sublayer is named by its class in snake case, numbered within its parent
+    (``dense``, ``dense_1``, ``batch_normalization``), and a variable by its own name
+    within its layer: ``dense_1/kernel``."""
     names: Dict[int, str] = {}
 
     def walk(layer: Any, prefix: str) -> None:
@@ -144,16 +215,90 @@ def keras_model_variables(model: Any) -> List[Tuple[str, Any]]:
     return _unique([(names[id(v)], v) for v in model.variables], "the model")
 
 
+def _built(optimizer: Any, trainable: List[Any]) -> None:
+    if not getattr(optimizer, "built", True):
+        optimizer.build(trainable)
+
+
+def _slot_key(v: Any) -> str:
+    """What a Keras optimizer puts before a slot's name in the slot's variable name (see
+    ``add_variable_from_reference``): the model variable's path, or a plain
+    ``tf.Variable``'s name, with ``/`` and ``:`` as ``_``."""
+    path = getattr(v, "path", None)
+    if isinstance(path, str):
+        return path.replace("/", "_")
+    return str(v.name).replace("/", "_").replace(":", "_")
+
+
+def keras_optimizer_slots(optimizer: Any, trainable: List[Any]) -> List[Tuple[Any, Any, str]]:
+    """(variable, the model variable it is a slot of or ``None``, its slot's name, or its
+    own name past the last ``/`` when it is not a slot) for every variable of a Keras
+    optimizer, building it over `trainable` first if it has not been built.
+
+    Keras names a slot ``<the model variable's path or name>_<slot>``: plain
+    ``tf.Variable``s are all ``Variable:0`` unless named, so a name alone does not tell
+    which variable a slot belongs to. The optimizer builds its slots in the order of
+    the variables it was built over (``optimizer._trainable_variables``, else
+    `trainable`), so the k-th slot ``momentum`` of the variables named ``Variable:0`` is
+    that of the k-th of them."""
+    _built(optimizer, trainable)
+    over = list(getattr(optimizer, "_trainable_variables", None) or trainable)
+    groups: Dict[str, List[Any]] = {}
+    for r in over:
+        if not getattr(r, "overwrite_with_gradient", False):  # such variables get no slots
+            groups.setdefault(_slot_key(r), []).append(r)
+    keys = sorted(groups, key=len, reverse=True)  # "a_b" before "a"
+    used: Dict[Tuple[str, str], int] = {}
+    out: List[Tuple[Any, Any, str]] = []
+    for v in optimizer.variables:
+        leaf = _keras_path(v).split("/")[-1]
+        for key in keys:
+            if leaf.startswith(key + "_"):
+                slot = leaf[len(key) + 1:]
+                j = used.get((key, slot), 0)
+                if j < len(groups[key]):
+                    used[(key, slot)] = j + 1
+                    out.append((v, groups[key][j], slot))
+                    break
+        else:
+            out.append((v, None, leaf))
+    return out
+
+
 def keras_optimizer_variables(optimizer: Any, trainable: List[Any],
-                              model_names: Dict[int, str]) -> List[Tuple[str, Any]]:
+                              model_names: Optional[Dict[int, str]] = None
+                              ) -> List[Tuple[str, Any]]:
     """(name, variable) of a Keras optimizer's variables, building it over `trainable`
     first if it has not been built (as its first ``apply`` would).
 
+    Without `model_names` (the optimizer of a Keras model): by Keras path, numbered as
+    :func:`keras_model_variables` numbers paths that repeat (``adam/iteration``,
+    ``adam/sequential_hidden_kernel_momentum``). With `model_names` (id(variable) ->
+    store name; the optimizer of plain ``tf.Variable``s, which have no paths): a slot is
+    ``<its variable's store name>/<slot>`` (``layers/0/momentum``, see
+    :func:`keras_optimizer_slots`), another variable ``<position>/<name>``
+    (``0/iteration``)."""
+    if model_names is None:
+        _built(optimizer, trainable)
+        return _numbered(list(optimizer.variables))
+    out = []
+    for i, (v, ref, leaf) in enumerate(keras_optimizer_slots(optimizer, trainable)):
+        if ref is not None and id(ref) in model_names:
+            out.append((f"{model_names[id(ref)]}/{leaf}", v))
+        else:
+            out.append((f"{i}/{leaf}", v))
+    return _unique(out, "the optimizer")
+
+
+def keras_structural_optimizer_variables(optimizer: Any, trainable: List[Any],
+                                         model_names: Dict[int, str]) -> List[Tuple[str, Any]]:
+    """(name, variable) of a Keras optimizer's variables by the structural names earlier
+    versions stored them under (`model_names`: id(variable) -> the structural names of
+    :func:`keras_structural_variables`); kept to read the histories they wrote.
+
     A slot of a model variable is ``<the variable's name>/<slot>`` (``dense/kernel/
-    momentum``), others ``<position>/<name>`` (``0/iteration``): the same in every
-    process and on every backend for the same model and optimizer class."""
-    if not getattr(optimizer, "built", True):
-        optimizer.build(trainable)
+    momentum``), others ``<position>/<name>`` (``0/iteration``)."""
+    _built(optimizer, trainable)
     keys = sorted(((v.path.replace("/", "_"), model_names[id(v)]) for v in trainable
                    if id(v) in model_names), key=lambda kv: -len(kv[0]))
     out = []
@@ -166,6 +311,78 @@ def keras_optimizer_variables(optimizer: Any, trainable: List[Any],
         else:
             out.append((f"{i}/{tail}", v))
     return _unique(out, "the optimizer")
+
+
+_COUNTER = re.compile(r"^(.*)_(\d+)$")
+_REPEAT = re.compile(r"^(.*)#(\d+)$")
+
+
+def _counter_free(paths: List[str]) -> Dict[str, tuple]:
+    """path -> its components with Keras' counters replaced by ranks: a component
+    ``<base>_<n>`` (or ``<base>``, n = 0) is (base, its rank by n among the components
+    of that base under the same parent). ``sequential_3/dense_7/kernel`` and
+    ``sequential/dense/kernel`` both give ``((sequential, 0), (dense, 0), (kernel, 0))``
+    when each is the first of its base in its model. Injective over `paths`."""
+    split = {p: tuple(p.split("/")) for p in dict.fromkeys(paths)}
+    children: Dict[tuple, set] = {}
+    for parts in split.values():
+        for i in range(len(parts)):
+            children.setdefault(parts[:i], set()).add(parts[i])
+    rank: Dict[tuple, tuple] = {}
+    for parent, comps in children.items():
+        bases: Dict[str, list] = {}
+        for c in comps:
+            m = _COUNTER.match(c)
+            base, n = (m.group(1), int(m.group(2))) if m else (c, 0)
+            bases.setdefault(base, []).append((n, c))
+        for base, items in bases.items():
+            for r, (_, c) in enumerate(sorted(items)):
+                rank[parent + (c,)] = (base, r)
+    return {p: tuple(rank[parts[:i + 1]] for i in range(len(parts)))
+            for p, parts in split.items()}
+
+
+def _optimizer_keys(names: List[str], model: List[str]) -> Dict[str, tuple]:
+    """Optimizer name -> a key free of Keras' counters, read from the names alone: the
+    path's parents by :func:`_counter_free`, and its last component as the slot of a
+    model variable (by that variable's key) when it is ``<the variable's path with _>_
+    <slot>``, else as it is; a repeat number (``#k``) is kept."""
+    model_keys = _counter_free(model)
+    refs = sorted(((m.replace("/", "_"), model_keys[m]) for m in model if "#" not in m),
+                  key=lambda kv: -len(kv[0]))
+    parsed = {}
+    for n in names:
+        m = _REPEAT.match(n)
+        base, repeat = (m.group(1), int(m.group(2))) if m else (n, 0)
+        parent, _, leaf = base.rpartition("/")
+        for key, ref in refs:
+            if leaf.startswith(key + "_"):
+                what: tuple = ("slot", ref, leaf[len(key) + 1:])
+                break
+        else:
+            what = ("var", leaf)
+        parsed[n] = (parent, what, repeat)
+    parents = _counter_free([p for p, _, _ in parsed.values() if p])
+    return {n: (parents.get(p, ()), what, repeat) for n, (p, what, repeat) in parsed.items()}
+
+
+def _distinct(names: List[str], alias: Dict[str, str]) -> Dict[str, str]:
+    """`alias`, if it leaves `names` distinct, else nothing (names keep their paths)."""
+    renamed = [alias.get(n, n) for n in names]
+    return alias if len(set(renamed)) == len(renamed) else {}
+
+
+def _match(live: Dict[str, tuple], stored: Dict[str, tuple]) -> Dict[str, str]:
+    """live name -> stored name of the same key, for keys that one name holds on each
+    side (and only where the names differ)."""
+    def by_key(d: Dict[str, tuple]) -> Dict[tuple, str]:
+        count: Dict[tuple, int] = {}
+        for k in d.values():
+            count[k] = count.get(k, 0) + 1
+        return {k: n for n, k in d.items() if count[k] == 1}
+
+    theirs = by_key(stored)
+    return {n: theirs[k] for k, n in by_key(live).items() if k in theirs and theirs[k] != n}
 
 
 def model_variables(obj: Any) -> List[Tuple[str, Any]]:
@@ -214,12 +431,24 @@ def variables_bytes(pairs: List[Tuple[str, Any]]) -> int:
     return total
 
 
+def _address(t: Any) -> int:
+    """The address of an eager tensor's buffer."""
+    a = t._numpy()
+    return a.__array_interface__["data"][0] if isinstance(a, np.ndarray) else 0
+
+
 class Tracker(AssignTracker):
     """History of TensorFlow variables (a list, a dict, a ``tf.Module`` or a Keras model)
     and a Keras optimizer's variables in a :class:`Store`, restored with ``assign``.
 
     ``resume``: put the store's HEAD into the variables instead of committing them
     (default: when the store's HEAD holds a model, as after ``Store.open``).
+
+    A Keras model's variables are named by Keras path (:func:`keras_model_variables`),
+    unless the store's HEAD holds the model under other names: the structural names
+    of earlier versions (:func:`keras_structural_variables`), or the paths of the same
+    architecture numbered otherwise by Keras' counters; the tracker then names the
+    variables as the history does (see :meth:`_adopt_names`).
     """
 
     SCALARS_KEY = "_tf.scalars"
@@ -253,11 +482,18 @@ class Tracker(AssignTracker):
         # "model" / "optim" -> (ids of the objects the names were worked out from, those
         # objects, the (name, variable) pairs)
         self._names: Dict[str, Tuple[tuple, list, List[Tuple[str, Any]]]] = {}
+        # A Keras model's names: by Keras path ("path") or by the structural names of
+        # the history the tracker resumed ("structural"); and "model" / "optim" -> path
+        # -> the name the history holds that variable under (see _adopt_names).
+        self._naming = "path"
+        self._alias: Dict[str, Dict[str, str]] = {}
         if not self._model_vars():
             raise TrialError("the model has no variables yet; build it first (call it once, "
                              "or model.build(input_shape))", reason="no variables")
         if optimizer is not None:
             self._optim_vars()  # builds a Keras optimizer that has not been built
+        if store is not None:
+            self._adopt_names(store)
         super().__init__(store=store, message=message, trust_versions=trust_versions,
                          resume=resume)
 
@@ -274,13 +510,62 @@ class Tracker(AssignTracker):
         self._names[slot] = (key, objs, pairs)
         return pairs
 
+    def _adopt_names(self, store: Store) -> None:
+        """Name a Keras model's variables as the history in `store` does, when its HEAD
+        holds a model under other names than the variables' Keras paths:
+
+        - the structural names earlier versions wrote (:func:`keras_structural_variables`,
+          ``model/dense_1/kernel``): the tracker goes on under those;
+        - the paths of the same architecture with other numbers from Keras' counters
+          (``sequential_2/dense_5/kernel`` for ``sequential/dense/kernel``: the model built
+          again in one process, or built after others): matched by structure (the
+          counters of a name's components ranked among its siblings; a slot of the
+          optimizer by its variable's match), and the tracker goes on under the
+          history's names. Variables that match no name keep their paths (a restore
+          then names them, as for any model of another structure).
+
+        Reads only the names of HEAD's snapshot."""
+        obj = self.variables
+        head = store.head()
+        if not _is_keras(obj) or head is None:
+            return
+        stored = store.snapshot(head).keys()
+        model = [n[len("model/"):] for n in stored if n.startswith("model/")]
+        live = [n for n, _ in self._model_vars()]
+        if not model or set(live) <= set(model):
+            return
+        self._names = {}
+        if {n for n, _ in keras_structural_variables(obj)} <= set(model):
+            self._naming = "structural"
+            return
+        self._alias["model"] = _distinct(live, _match(_counter_free(live),
+                                                      _counter_free(model)))
+        if self.optimizer is not None and _is_keras(self.optimizer):
+            optim = [n[len("optim/"):] for n in stored if n.startswith("optim/")]
+            mine = [n for n, _ in keras_optimizer_variables(self.optimizer, self._trainable())]
+            self._alias["optim"] = _distinct(mine, _match(_optimizer_keys(mine, live),
+                                                          _optimizer_keys(optim, model)))
+
+    def _aliased(self, slot: str, pairs: List[Tuple[str, Any]]) -> List[Tuple[str, Any]]:
+        """`pairs` under the history's names (see :meth:`_adopt_names`); a variable added
+        since keeps its path (unless that is a name taken: a typed error)."""
+        alias = self._alias.get(slot)
+        if not alias:
+            return pairs
+        return _unique([(alias.get(n, n), v) for n, v in pairs],
+                       "the model" if slot == "model" else "the optimizer")
+
     def _model_vars(self) -> List[Tuple[str, Any]]:
         obj = self.variables
         if not _is_keras(obj):
             return model_variables(obj)
-        # Keras's own walk (model.variables) finds the variables; their structural names
-        # are worked out again only when those change.
-        return self._cached("model", list(obj.variables), lambda: keras_model_variables(obj))
+        # Keras's own walk (model.variables) finds the variables; their names are worked
+        # out again only when those change.
+        if self._naming == "structural":
+            return self._cached("model", list(obj.variables),
+                                lambda: keras_structural_variables(obj))
+        return self._cached("model", list(obj.variables),
+                            lambda: self._aliased("model", keras_model_variables(obj)))
 
     def _trainable(self) -> List[Any]:
         obj = self.variables
@@ -297,11 +582,18 @@ class Tracker(AssignTracker):
             pairs = self._model_vars() if model is None else model
             trainable = self._trainable()
             names = {id(v): n for n, v in pairs}
+
+            def make() -> List[Tuple[str, Any]]:
+                if not _is_keras(self.variables):  # plain tf.Variables: by their names
+                    return keras_optimizer_variables(opt, trainable, names)
+                if self._naming == "structural":
+                    return keras_structural_optimizer_variables(opt, trainable, names)
+                return self._aliased("optim", keras_optimizer_variables(opt, trainable))
+
             if not getattr(opt, "built", True):
-                return keras_optimizer_variables(opt, trainable, names)  # builds it
+                return make()  # builds it
             objs = [*opt.variables, None, *trainable, None, *(v for _, v in pairs)]
-            return self._cached("optim", objs,
-                                lambda: keras_optimizer_variables(opt, trainable, names))
+            return self._cached("optim", objs, make)
         return _unique([(v.name.split(":")[0], v) for v in opt.variables], "the optimizer")
 
     def _model_bytes(self) -> int:
@@ -322,8 +614,20 @@ class Tracker(AssignTracker):
         reads = self._read_all(list(out.values()))
         tokens: Dict[str, Any] = {}
         untrusted: set = set()
+        synced = self._synced
+        count = len(out)
         for i, (name, v) in enumerate(out.items()):
-            tokens[name] = tok = self._token(v) if reads is None else self._token_of(v, reads[i])
+            if reads is None:
+                tok = self._token(v)
+            else:
+                tok = self._token_of(v, reads[i])
+                # A buffer other than the synced one: written since, or TensorFlow's
+                # copy-on-read mode, where every read is a new copy (the second read
+                # shows it). The latter are compared by bytes.
+                if tok is not None and tok != synced.get(name) \
+                        and _address(reads[count + i]) != tok[0]:
+                    untrusted.add(name)
+            tokens[name] = tok
             if tok is None:  # 0-d and empty variables: compared, which is cheap
                 untrusted.add(name)
         return out, tokens, untrusted
@@ -333,9 +637,11 @@ class Tracker(AssignTracker):
         return v if isinstance(v, tf.Variable) else v.value  # a Keras variable's tf.Variable
 
     def _read_all(self, variables: List[Any]) -> Optional[List[Any]]:
-        """Every variable's value as an eager tensor sharing its buffer, read by one call
-        of a concrete function (traced again only when the set of variables changes): a
-        few microseconds per variable, where an eager ``read_value`` each costs tens."""
+        """Every variable's value as an eager tensor sharing its buffer, twice (the n
+        variables' first reads, then their second): read by one call of a concrete
+        function (traced again only when the set of variables changes), a few
+        microseconds per variable, where an eager ``read_value`` each costs tens. Two
+        reads of a variable share a buffer unless it is in copy-on-read mode."""
         if not variables:
             return []
         # Keyed by the tracked objects (a built Keras variable keeps its tf.Variable).
@@ -343,7 +649,8 @@ class Tracker(AssignTracker):
         if self._reader is None or self._reader[0] != key:
             tf = _tf()
             tvs = [self._var(v) for v in variables]
-            fn = tf.function(lambda: [t.read_value() for t in tvs], autograph=False)
+            fn = tf.function(lambda: [t.read_value() for t in tvs]
+                             + [t.read_value() for t in tvs], autograph=False)
             self._reader = (key, fn.get_concrete_function(), list(variables))
         return self._reader[1]()
 
