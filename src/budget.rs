@@ -488,23 +488,27 @@ impl Store {
         }
     }
 
-    /// After a commit: take in a finished pass, and start one if the held bytes passed
-    /// the budget. O(chunks) pointer walk; encoding runs on another thread.
+    /// After a commit: take in a finished pass, start one if the held bytes passed the
+    /// budget, and when what the history would hold with every old version encoded
+    /// passes it too, spill or let go of the oldest versions (see
+    /// [`over_budget`](Store::over_budget)). O(chunks) pointer walk; encoding runs on
+    /// another thread.
     ///
-    /// Back-pressure: while a pass runs, commits go on without waiting until the raw
-    /// bytes held (working state and HEAD included) pass twice the budget; the commit
-    /// that finds them past it waits for the pass and starts the next one. So commits
-    /// faster than the encoder cannot make the raw part of the history grow without
-    /// bound: memory peaks near what the history holds encoded plus twice the budget.
+    /// Back-pressure: while a pass runs, commits go on without waiting until the bytes
+    /// held (raw and encoded, working state and HEAD included) pass the budget plus one
+    /// working state (the model in flight); the commit that finds them past it waits for
+    /// the pass and runs the next one itself. So commits faster than the encoder cannot
+    /// make the history grow past the budget by more than the model being committed.
     pub(crate) fn budget_after_commit(&mut self) {
         let Some(budget) = self.config.memory_budget else {
             return;
         };
         self.collect_pass();
         let mut m = self.memory_now();
+        let limit = budget.saturating_add(self.working_bytes());
         let behind = self.budget.running();
         if behind {
-            if m.raw_held <= budget.saturating_mul(2) {
+            if m.raw_held + m.encoded_held <= limit {
                 return;
             }
             if let Some(done) = self.budget.wait() {
@@ -517,18 +521,134 @@ impl Store {
             return;
         }
         let plan = self.plan(held, budget);
-        if plan.versions.is_empty() {
+        if !plan.versions.is_empty() {
+            if behind || held > limit {
+                // Commits ran ahead of the encoder (or this commit brought the history
+                // past the budget plus a model) and this one waits anyway: the pass runs
+                // here, on the foreground pool (every core, this thread's too), rather
+                // than on the background pool (one core fewer) while this thread idles.
+                let done = run(plan);
+                self.apply(done);
+            } else {
+                self.budget.start(plan);
+            }
+        }
+        self.over_budget(budget, limit);
+    }
+
+    /// Bytes of the working state's chunks (what one commit of it adds at most). O(variables).
+    fn working_bytes(&self) -> usize {
+        self.working
+            .values()
+            .map(|t| t.chunks().map(Chunk::len_bytes).sum::<usize>())
+            .sum()
+    }
+
+    /// What the history would hold if every chunk the budget may encode were encoded:
+    /// what it holds encoded, plus the raw chunks of the working state and HEAD (which
+    /// stay raw). Encoding never makes a chunk larger than raw, so past the budget this
+    /// says that encoding alone cannot bring the history under it. O(chunks of the
+    /// working state and HEAD).
+    fn held_when_encoded(&mut self) -> usize {
+        let m = self.memory_now();
+        let head = self.hist.head_id();
+        let head_vars = head.and_then(|h| self.hist.node(h).ok()?.vars.loaded().cloned());
+        let mut seen = HashSet::new();
+        let hot = memory_of(
+            std::iter::once(&self.working)
+                .chain(head_vars.as_ref())
+                .flat_map(|v| v.values().flat_map(|t| t.chunks()))
+                .filter(|c| seen.insert(c.addr())),
+        );
+        m.encoded_held + hot.raw_held
+    }
+
+    /// The history holds more than the budget even with its old versions encoded: with
+    /// a repository, spill them there (a background save: saved versions' chunks leave
+    /// memory when it ends, read back on use); without one, let the oldest versions that
+    /// no branch, tag, HEAD, the redo path or the reflog holds go, oldest first, as
+    /// [`Config::max_versions`](crate::Config::max_versions) does (reading one then
+    /// gives [`Error::PrunedVersion`](crate::Error::PrunedVersion)), until what it holds
+    /// is within the budget. While a spill is in flight and the history holds more than
+    /// `limit`, the commit waits for it.
+    fn over_budget(&mut self, budget: usize, limit: usize) {
+        if self.held_when_encoded() <= budget {
             return;
         }
-        if behind {
-            // Commits ran ahead of the encoder and this one waits anyway: the next pass
-            // runs here, on the foreground pool (every core, this thread's too), rather
-            // than on the background pool (one core fewer) while this thread idles.
-            let done = run(plan);
-            self.apply(done);
+        if self.bg.inflight.is_some() {
+            // A save a caller started evicts what it writes when it ends: the commit
+            // does not wait for it (its caller may be holding it back). A spill is
+            // waited for once the history is past the budget plus a model.
+            let m = self.memory_now();
+            if !self.bg.spill || m.raw_held + m.encoded_held <= limit {
+                return;
+            }
+            self.settle_save(true);
+            // What the spill saved left memory; what was committed while it ran is
+            // encoded here, before the next spill captures it raw.
+            let m = self.memory_now();
+            let held = m.raw_held + m.encoded_held;
+            if held > budget {
+                if let Some(done) = self.budget.wait() {
+                    self.apply(done);
+                }
+                let plan = self.plan(held, budget);
+                if !plan.versions.is_empty() {
+                    let done = run(plan);
+                    self.apply(done);
+                }
+            }
+        }
+        if self.repo.is_some() {
+            // A save that failed and was not reported yet keeps its error (another spill
+            // would hide it): memory stays over the budget until the next save, refresh
+            // or close reports it.
+            if !self.bg.has_unreported()
+                && self.held_when_encoded() > budget
+                && self.save_in_background().is_ok()
+            {
+                // Its error, if any, is reported by the next save, refresh or close
+                // (nobody waits for this one).
+                self.bg.spill = true;
+            }
             return;
         }
-        self.budget.start(plan);
+        self.shed_oldest(budget);
+    }
+
+    /// Without a repository: drop the oldest live versions that nothing protects (see
+    /// [`over_budget`](Store::over_budget)) until the history would hold at most
+    /// `budget` with its old versions encoded. O(versions dropped × versions).
+    fn shed_oldest(&mut self, budget: usize) {
+        #[cfg(test)]
+        if self.budget_keeps_versions {
+            return;
+        }
+        let hist = &self.hist;
+        let mut protected: HashSet<VersionId> = hist.refs.values().map(|r| r.target()).collect();
+        protected.extend(hist.head_id());
+        protected.extend(hist.reflog.iter().map(|(_, v)| *v));
+        protected.extend(hist.redo.iter().copied());
+        let oldest: Vec<VersionId> = hist
+            .live()
+            .map(|(id, _)| id)
+            .filter(|id| !protected.contains(id))
+            .collect();
+        for id in oldest {
+            if self.held_when_encoded() <= budget {
+                break;
+            }
+            self.hist.remove(id);
+        }
+    }
+
+    /// Set [`Config::memory_budget`] (`None`: no budget). The next commit, or
+    /// [`enforce_memory_budget`](Store::enforce_memory_budget), holds the history to it;
+    /// nothing is encoded or let go here. O(1).
+    ///
+    /// [`Config::memory_budget`]: crate::Config::memory_budget
+    pub fn set_memory_budget(&mut self, budget: Option<usize>) {
+        self.config.memory_budget = budget;
     }
 
     /// Bring the memory the history holds within [`Config::memory_budget`] now, on this
@@ -580,13 +700,20 @@ mod tests {
     use crate::encoded::{MAX_DELTA_CHAIN, RAW_KEY_MIN_BYTES};
     use crate::retention::Retention;
 
+    /// A store with `config` whose budget encodes but lets no version go: these tests
+    /// are of the encoding (the versions the budget lets go are `tests/memory_budget.rs`'s).
+    fn encoding_store(config: Config) -> Store {
+        let mut s = Store::with_config(config).unwrap();
+        s.budget_keeps_versions = true;
+        s
+    }
+
     #[test]
     fn groups_are_a_raw_key_then_deltas_with_anchors_on_the_key() {
-        let mut s = Store::with_config(Config {
+        let mut s = encoding_store(Config {
             memory_budget: Some(0),
             ..Config::default()
-        })
-        .unwrap();
+        });
         // One chunk of RAW_KEY_MIN_BYTES: keys held raw.
         s.insert(
             "w",
@@ -837,12 +964,11 @@ mod tests {
     /// A store with a budget of 0 and 16 KiB chunks (so that its buffer pool takes
     /// them), holding `w`: 8 full chunks of `f(i * 0.1)`.
     fn pooled_store(f: fn(f32) -> f32) -> Store {
-        let mut s = Store::with_config(Config {
+        let mut s = encoding_store(Config {
             memory_budget: Some(0),
             chunk_bytes: 16 << 10,
             ..Config::default()
-        })
-        .unwrap();
+        });
         s.insert("w", &Array1::from_shape_fn(8 * 4096, |i| f(i as f32 * 0.1)))
             .unwrap();
         s
@@ -911,11 +1037,10 @@ mod tests {
 
     #[test]
     fn small_chunks_are_held_in_fewer_bytes_than_raw_and_keys_coded_in_planes() {
-        let mut s = Store::with_config(Config {
+        let mut s = encoding_store(Config {
             memory_budget: Some(0),
             ..Config::default()
-        })
-        .unwrap();
+        });
         // Small tensors (a bias, a norm): one chunk each, far under RAW_KEY_MIN_BYTES.
         for (k, n) in [64usize, 300, 1024].into_iter().enumerate() {
             s.insert(
@@ -1040,11 +1165,10 @@ mod tests {
 
     #[test]
     fn a_delta_starts_from_its_base_while_a_handle_keeps_the_base_decoded() {
-        let mut s = Store::with_config(Config {
+        let mut s = encoding_store(Config {
             memory_budget: Some(0),
             ..Config::default()
-        })
-        .unwrap();
+        });
         s.insert(
             "w",
             &Array1::from_shape_fn(4096, |i| (i as f32 * 0.1).sin()),

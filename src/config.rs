@@ -63,35 +63,49 @@ pub struct Config {
     /// version's changed chunks alive, so this is a bound on that memory.
     #[serde(default = "default_reflog_entries")]
     pub reflog_entries: usize,
-    /// Bytes of tensor data the history may hold in memory before old versions are
-    /// compressed (default `None`: no budget). When a commit finds the held bytes (see
-    /// [`Stats::held_bytes`](crate::Stats::held_bytes)) above the budget, a background
-    /// thread encodes the chunks of the oldest versions that neither HEAD nor the
-    /// working state holds: losslessly, in groups of a raw key chunk and up to
-    /// [`DELTA_SPAN`](crate::DELTA_SPAN) XOR deltas (against the same chunk of the
-    /// parent version, or of the key every
+    /// Bytes of tensor data the history may hold in memory, raw and encoded, the
+    /// working state and HEAD included (default `None`: no budget). When a commit finds
+    /// the held bytes (see [`Stats::held_bytes`](crate::Stats::held_bytes)) above the
+    /// budget, a background thread encodes the chunks of the oldest versions that
+    /// neither HEAD nor the working state holds: losslessly, in groups of a raw key
+    /// chunk and up to [`DELTA_SPAN`](crate::DELTA_SPAN) XOR deltas (against the same
+    /// chunk of the parent version, or of the key every
     /// [`DELTA_ANCHOR_EVERY`](crate::DELTA_ANCHOR_EVERY) versions), so that reading a
     /// chunk decodes at most [`MAX_DELTA_CHAIN`](crate::MAX_DELTA_CHAIN) deltas (see
     /// [`codec`](crate::codec)). The encoded chunks replace the raw ones at the next
     /// commit after the thread is done; reading such a version (restore, get, diff,
-    /// export, save) decodes what it reads. A revert to HEAD never waits for encoding,
-    /// and a commit (a `keep`) waits only when commits ran ahead of the encoder: while a
-    /// pass runs and the raw bytes held (HEAD and the working state included) are past
-    /// twice the budget, the commit waits for that pass and runs the next one itself, on
-    /// every core (without this, commits faster than the encoder let raw versions pile up
-    /// without bound).
+    /// export, save) decodes what it reads.
+    ///
+    /// When even encoded the history would hold more than the budget (the encoded
+    /// versions plus the raw working state and HEAD), the oldest versions go:
+    /// - **with a repository**, they are spilled there: the commit starts a background
+    ///   save (as [`Store::save_in_background`](crate::Store::save_in_background), refs
+    ///   included), whose end evicts the saved versions' chunks from memory (read back
+    ///   on use). Its error, if any, is returned by the next save, refresh or close;
+    ///   until then no other spill starts, and memory stays over the budget.
+    /// - **without one**, the oldest versions that no branch, tag, HEAD, the redo path
+    ///   or the reflog holds are dropped, oldest first, as
+    ///   [`max_versions`](Config::max_versions) does: reading one gives
+    ///   [`Error::PrunedVersion`](crate::Error::PrunedVersion), never other data. A
+    ///   version a delta of a later one is coded against is freed with the last of them.
+    ///
+    /// A revert to HEAD never waits for encoding, and a commit (a `keep`) waits only
+    /// when it would hold more than the budget plus one working state (the model in
+    /// flight): then it waits for the pass (and runs the next one itself, on every
+    /// core) or the spill in flight. So the history holds at most about the budget plus
+    /// one working state, whatever the speed of commits (with a repository, plus one
+    /// more: the saved parent of a version committed while a spill ran stays raw, its
+    /// delta base, until the next spill); HEAD and the working state stay
+    /// raw, so a budget below two working states is always exceeded by them.
     /// [`Store::enforce_memory_budget`](crate::Store::enforce_memory_budget) encodes at
-    /// once. HEAD and the working state stay raw, so the budget can be exceeded by them
-    /// (and by what no codec saves): it is a target, not a hard limit.
-    /// With a repository, versions already saved, or captured by a background save in
-    /// flight, are not encoded: a save's end evicts their chunks (the repository holds
-    /// them), except a saved parent of a version not saved yet, kept raw until the next
-    /// save (its delta bases). A save writes chunks held encoded in their coded form.
-    /// Of the raw buffers an encoding frees, the buffer pool (see `recycle_bytes`) keeps
-    /// as many as the working state has chunks, so the next dense commit copies into
-    /// memory that is already mapped: the store holds about the budget plus one working
-    /// state. The encoding runs on a thread pool of its own, never the one a commit's or
-    /// restore's parallel copy runs on.
+    /// once. With a repository, versions already saved, or captured by a background
+    /// save in flight, are not encoded: a save's end evicts their chunks (the repository
+    /// holds them), except a saved parent of a version not saved yet, kept raw until the
+    /// next save (its delta bases). A save writes chunks held encoded in their coded
+    /// form. Of the raw buffers an encoding frees, the buffer pool (see
+    /// `recycle_bytes`) keeps as many as the working state has chunks, so the next dense
+    /// commit copies into memory that is already mapped. The encoding runs on a thread
+    /// pool of its own, never the one a commit's or restore's parallel copy runs on.
     #[serde(default)]
     pub memory_budget: Option<usize>,
 }

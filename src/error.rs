@@ -296,6 +296,37 @@ pub enum Error {
         /// repository deleted the branch.
         theirs: Option<ContentHash>,
     },
+    /// A call that only reads a repository (an open that must not create one) found none
+    /// at the location: nothing was created there.
+    #[error("there is no tensor-history repository at `{}`", escape(.location))]
+    NoRepository {
+        /// The location as given.
+        location: String,
+    },
+    /// [`save_as`](crate::Store::save_as) onto a location that holds another history:
+    /// the repository has ref `branch` at a version (`theirs`) that this store's ref of
+    /// that name does not descend from, and this store never saw it there. Nothing was
+    /// written to the repository's refs; the store stays bound where it was. The ways
+    /// on: open that repository to continue its history (or merge into it), or save
+    /// this one elsewhere or under another branch name.
+    #[error(
+        "`{}` holds another history: its ref `{}` is at version {}, which this store's `{}` \
+         does not descend from; nothing was overwritten. To continue that history, open it \
+         (Store::open, or track(..., path=...) in Python); to keep this one, save it \
+         elsewhere or under another branch name",
+        escape(.location),
+        escape(.branch),
+        match .theirs { Some(h) => h.to_string(), None => "(deleted)".into() },
+        escape(.branch)
+    )]
+    OtherHistory {
+        /// The repository's location.
+        location: String,
+        /// The ref both histories have.
+        branch: String,
+        /// The repository's version of it.
+        theirs: Option<ContentHash>,
+    },
     /// The repository this store saves to was deleted, or replaced by another one, since
     /// the store connected to it: nothing was written. Open the location again (or
     /// `save_as` it) to start over there.

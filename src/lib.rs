@@ -160,9 +160,9 @@ pub use repo::backend::{
     ObjectStoreBackend, ObjectStoreOptions, RequestStats, MIN_PART_SIZE, REQUESTS_IN_FLIGHT,
 };
 pub use repo::{
-    open_location, parse_object, GcOptions, GcStats, Part, PartChunks, PartStats, PendingSave,
-    RefreshStats, SaveStats, DEFAULT_DELETE_WITHIN, DEFAULT_GC_GRACE, MERGE_INDEXES_ABOVE,
-    REBASE_BELOW,
+    open_location, parse_object, GcOptions, GcStats, OpenFallback, Part, PartChunks, PartStats,
+    PendingSave, RefreshStats, SaveStats, DEFAULT_DELETE_WITHIN, DEFAULT_GC_GRACE,
+    MERGE_INDEXES_ABOVE, REBASE_BELOW,
 };
 pub use retention::{Goal, KeepBest, PruneStats, Retention};
 pub use safetensors::write_safetensors;

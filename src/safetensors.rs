@@ -299,11 +299,13 @@ fn write_atomically(
     };
     let shown = path.display().to_string();
     let err = |e: std::io::Error| io_error(&shown, &e);
-    let tmp = tempfile::Builder::new()
-        .prefix(".tensor-history-export-")
-        .suffix(".tmp")
-        .tempfile_in(dir)
-        .map_err(err)?;
+    let mut builder = tempfile::Builder::new();
+    builder.prefix(".tensor-history-export-").suffix(".tmp");
+    // Created as any new file is (0666 less the umask), not 0600 as a temporary file:
+    // the export is the user's file once renamed.
+    #[cfg(unix)]
+    builder.permissions(std::os::unix::fs::PermissionsExt::from_mode(0o666));
+    let tmp = builder.tempfile_in(dir).map_err(err)?;
     {
         let mut w = BufWriter::with_capacity(WRITE_BUFFER_BYTES, tmp.as_file());
         fill(&mut w, &err)?;

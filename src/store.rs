@@ -40,6 +40,9 @@ pub struct Store {
     pub(crate) budget: crate::encoded::Budget,
     /// The memory budget's record of the versions (what they hold, what is settled).
     pub(crate) record: crate::budget::Record,
+    /// Unit tests of the encoding: the budget encodes but lets no version go.
+    #[cfg(test)]
+    pub(crate) budget_keeps_versions: bool,
 }
 
 impl Default for Store {
@@ -77,6 +80,8 @@ impl Store {
             bg: crate::repo::Background::default(),
             budget: crate::encoded::Budget::default(),
             record: crate::budget::Record::default(),
+            #[cfg(test)]
+            budget_keeps_versions: false,
         })
     }
 

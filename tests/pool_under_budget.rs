@@ -15,10 +15,13 @@ fn store_with_dense_history(versions: usize) -> Store {
     let n = CHUNKS * DEFAULT_CHUNK_BYTES / 4;
     s.insert("w", &Array1::from_shape_fn(n, |i| (i as f32 * 0.01).sin()))
         .unwrap();
-    s.commit("0").unwrap();
+    // Each version tagged: a budget of 0 lets every version go that no ref holds.
+    let v = s.commit("0").unwrap();
+    s.tag("t0", v).unwrap();
     for step in 1..versions {
         s.update_map::<f32>("w", |x| x * (1.0 + 1e-6)).unwrap();
-        s.commit(&step.to_string()).unwrap();
+        let v = s.commit(&step.to_string()).unwrap();
+        s.tag(&format!("t{step}"), v).unwrap();
     }
     s
 }

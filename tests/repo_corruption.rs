@@ -425,3 +425,101 @@ fn a_damaged_gc_generation_entry_is_ignored_by_saves_refreshes_and_gc() {
         }
     }
 }
+
+/// What `open` says of a repository with one byte damaged: where it starts is HEAD's
+/// saved version on its branch, or an older version that `open_fallback` names (the
+/// branch still pointing at the damaged version, which gives an error when read), or a
+/// typed error. Never an older version without a word.
+#[derive(Debug, Default)]
+struct OpenOutcomes {
+    at_head: usize,
+    fallback: usize,
+    error: usize,
+}
+
+fn open_outcome(dir: &Path, branch: &str, head: &str, o: &mut OpenOutcomes) -> Result<(), String> {
+    let store = match Store::open(dir) {
+        Ok(s) => s,
+        Err(Error::CorruptObject { .. } | Error::UnsupportedFormat { .. } | Error::Io { .. }) => {
+            o.error += 1;
+            return Ok(());
+        }
+        Err(e) => return Err(format!("an error of an unexpected kind: {e:?}")),
+    };
+    let at = store
+        .head()
+        .map(|h| store.version_hash(h).unwrap().to_string());
+    match store.open_fallback() {
+        None if store.current_branch() == Some(branch) && at.as_deref() == Some(head) => {
+            o.at_head += 1;
+            Ok(())
+        }
+        None => Err(format!(
+            "opened at {at:?} on {:?} without a fallback, saved at {head} on {branch}",
+            store.current_branch()
+        )),
+        Some(f) => {
+            if f.branch.as_deref() != Some(branch)
+                || store.version_hash(f.wanted).unwrap().to_string() != head
+                || store.head() != Some(f.opened_at)
+                || store.current_branch().is_some()
+                || store.snapshot(f.wanted).is_ok()
+            {
+                return Err(format!("a fallback that does not say what happened: {f:?}"));
+            }
+            o.fallback += 1;
+            Ok(())
+        }
+    }
+}
+
+#[test]
+fn every_single_byte_damage_opens_at_head_or_says_where_it_opened() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = Store::new();
+    store
+        .insert("w", &Array1::from_vec((0..64).map(|i| i as f32).collect()))
+        .unwrap();
+    store.commit("one").unwrap();
+    store.save_as(dir.path()).unwrap();
+    store.update_map::<f32>("w", |x| x + 1.0).unwrap();
+    store.commit("two").unwrap();
+    store.save().unwrap();
+    let head = store
+        .version_hash(store.head().unwrap())
+        .unwrap()
+        .to_string();
+    drop(store);
+    let mut outcomes = OpenOutcomes::default();
+    let mut failures = Vec::new();
+    let mut cases = 0;
+    for rel in files(dir.path()) {
+        let path = dir.path().join(&rel);
+        let original = std::fs::read(&path).unwrap();
+        for at in 0..original.len() {
+            let mut bytes = original.clone();
+            bytes[at] ^= 0x01;
+            std::fs::write(&path, &bytes).unwrap();
+            cases += 1;
+            let r = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                open_outcome(dir.path(), "main", &head, &mut outcomes)
+            }));
+            match r {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => failures.push(format!("{} byte {at}: {e}", rel.display())),
+                Err(_) => failures.push(format!("{} byte {at}: panicked", rel.display())),
+            }
+        }
+        std::fs::write(&path, &original).unwrap();
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {cases} cases failed:\n{}",
+        failures.len(),
+        failures[..failures.len().min(20)].join("\n")
+    );
+    eprintln!("{cases} single-byte flips: {outcomes:?}");
+    // The packs hold HEAD's manifest: damage there falls back, and says so.
+    assert!(outcomes.fallback > 0, "{outcomes:?}");
+    assert!(outcomes.error > 0 && outcomes.at_head > 0, "{outcomes:?}");
+}

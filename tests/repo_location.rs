@@ -245,7 +245,7 @@ fn save_as_onto_another_history_is_a_conflict_that_writes_no_ref() {
     let mut second = committed(2.0);
     let err = second.save_as(dir.path()).unwrap_err();
     assert!(
-        matches!(&err, Error::BranchMoved { branch, theirs } if branch == "main" && *theirs == Some(h1)),
+        matches!(&err, Error::OtherHistory { branch, theirs, .. } if branch == "main" && *theirs == Some(h1)),
         "{err:?}"
     );
     assert_eq!(second.location(), None, "the store stays unbound");
@@ -261,10 +261,15 @@ fn save_as_onto_another_history_is_a_conflict_that_writes_no_ref() {
     // Bound to a repository already, a failed save_as keeps that binding.
     let other = tempfile::tempdir().unwrap();
     second.save_as(other.path()).unwrap();
-    assert!(matches!(
-        second.save_as(dir.path()),
-        Err(Error::BranchMoved { .. })
-    ));
+    let err = second.save_as(dir.path()).unwrap_err();
+    assert!(matches!(err, Error::OtherHistory { .. }), "{err:?}");
+    // The message says what happened and the two ways on.
+    let text = err.to_string();
+    assert!(text.contains("holds another history"), "{text}");
+    assert!(
+        text.contains("open it") && text.contains("elsewhere"),
+        "{text}"
+    );
     assert_eq!(second.location(), Some(other.path().to_str().unwrap()));
     assert_eq!(refs_and_head(dir.path()), before);
 }
@@ -340,7 +345,7 @@ fn save_as_onto_a_conflicting_tag_is_a_conflict() {
     second.tag("best", second.head().unwrap()).unwrap();
     let err = second.save_as(dir.path()).unwrap_err();
     assert!(
-        matches!(&err, Error::BranchMoved { branch, .. } if branch == "best"),
+        matches!(&err, Error::OtherHistory { branch, .. } if branch == "best"),
         "{err:?}"
     );
     assert_eq!(refs_and_head(dir.path()), before);

@@ -756,6 +756,36 @@ fn a_diverged_branch_whose_work_another_branch_holds_follows_the_repository_afte
 }
 
 #[test]
+fn the_checked_out_branch_moved_here_stays_after_a_refresh_even_when_a_tag_holds_its_version() {
+    let dir = shared_repo();
+    let mut a = open(&dir);
+    let mut b = open(&dir);
+    bump(&mut a, 1);
+    let va = a.commit("a's step").unwrap();
+    let va_hash = a.version_hash(va).unwrap();
+    a.save().unwrap();
+
+    bump(&mut b, 2);
+    let vb = b.commit("b's step").unwrap();
+    b.tag("b-best", vb).unwrap();
+    let working = b.get::<f32>("w").unwrap();
+    assert!(matches!(b.save().unwrap_err(), Error::BranchMoved { .. }));
+    let stats = b.refresh().unwrap();
+    // `main` is where b trains: it stays at b's version with b's working state, and is
+    // reported as diverged with the repository's version to merge.
+    assert_eq!(stats.diverged, ["main"], "{stats:?}");
+    assert_eq!(
+        stats.theirs["main"].map(|v| b.version_hash(v).unwrap()),
+        Some(va_hash)
+    );
+    assert_eq!(b.current_branch(), Some("main"));
+    assert_eq!(b.resolve("main").unwrap(), vb);
+    assert_eq!(b.head(), Some(vb));
+    assert!(!b.is_dirty());
+    assert!(same_bits(&b.get::<f32>("w").unwrap(), &working));
+}
+
+#[test]
 fn a_branch_deleted_here_and_moved_by_another_store_follows_the_repository_after_a_refresh() {
     let dir = shared_repo();
     let mut s = open(&dir);

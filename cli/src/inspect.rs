@@ -27,6 +27,10 @@ pub(crate) struct LogArgs {
     /// Show at most N versions.
     #[arg(short = 'n', long, value_name = "N")]
     max_count: Option<usize>,
+    /// Also show metadata keys that begin with `_` (a library's own records, such as
+    /// the PyTorch tracker's optimizer settings), hidden by default.
+    #[arg(long)]
+    hidden: bool,
 }
 
 /// `show REF`.
@@ -101,6 +105,7 @@ pub(crate) fn log(repo: &Repo, out: &Output, args: &LogArgs) -> CliResult<()> {
         .iter()
         .filter_map(|id| s.metadata(*id).ok())
         .flat_map(|m| m.iter().map(|(k, _)| k.to_owned()).collect::<Vec<_>>())
+        .filter(|k| args.hidden || !k.starts_with('_'))
         .collect();
     let mut table = Table::new(&[
         ("version", Align::Left),

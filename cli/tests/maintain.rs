@@ -409,3 +409,28 @@ fn gc_rebase_stores_parts_written_whole_as_deltas_and_refuses_a_dry_run() {
         .stdout;
     assert!(out.contains("0 packs rewritten"), "{out}");
 }
+
+/// An exported file is created as other tools create files: 0666 less the umask (0644
+/// under the usual 022), not the 0600 of a temporary file.
+#[cfg(unix)]
+#[test]
+fn export_creates_a_file_with_the_permissions_the_umask_gives() {
+    use std::os::unix::fs::PermissionsExt;
+    let (d, repo, _) = sample_repo();
+    let file = d.path().join("main.safetensors");
+    let out = std::process::Command::new("sh")
+        .arg("-c")
+        .arg("umask 022 && exec \"$0\" --repo \"$1\" export main -o \"$2\"")
+        .arg(env!("CARGO_BIN_EXE_tensor-history"))
+        .arg(&repo)
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mode = std::fs::metadata(&file).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o644, "{mode:o}");
+}

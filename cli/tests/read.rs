@@ -213,3 +213,28 @@ fn dot_writes_the_tree_or_one_ancestry() {
     assert!(!main.contains("ref:alt"), "{main}");
     assert!(main.contains("loss=0.5 step=3"), "{main}");
 }
+
+#[test]
+fn log_hides_metadata_keys_that_begin_with_an_underscore_unless_asked() {
+    let dir = tempfile::tempdir().unwrap();
+    let repo = dir.path().join("repo");
+    let mut s = Store::new();
+    s.insert("w", &ndarray::arr1(&[1.0f32, 2.0])).unwrap();
+    let record = format!("{{\"groups\": [{}]}}", "0.001, ".repeat(40));
+    let meta = tensor_history::Meta::new()
+        .with("loss", 0.5)
+        .with("_torch.scalars", record.as_str());
+    s.commit_with("step", meta).unwrap();
+    s.save_as(&repo).unwrap();
+    let out = th(Some(&repo), &["log"]).ok().stdout;
+    assert!(out.contains("loss") && out.contains("0.5"), "{out}");
+    assert!(!out.contains("_torch") && !out.contains("groups"), "{out}");
+    let out = th(Some(&repo), &["log", "--hidden"]).ok().stdout;
+    assert!(
+        out.contains("_torch.scalars") && out.contains("groups"),
+        "{out}"
+    );
+    // JSON is for programs: every key, as saved.
+    let v = th(Some(&repo), &["--json", "log"]).ok().json();
+    assert!(v[0]["meta"]["_torch.scalars"].is_string(), "{v}");
+}

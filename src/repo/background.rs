@@ -199,6 +199,16 @@ pub(crate) struct Background {
     pub(crate) inflight: Option<InFlight>,
     /// A finished save that failed and whose error no caller has seen yet.
     unreported: Option<Arc<Slot>>,
+    /// Whether the save in flight is a spill the memory budget started (a commit may
+    /// wait for it), not one a caller asked for.
+    pub(crate) spill: bool,
+}
+
+impl Background {
+    /// Whether a finished save failed and no caller has seen its error yet.
+    pub(crate) fn has_unreported(&self) -> bool {
+        self.unreported.is_some()
+    }
 }
 
 impl fmt::Debug for Background {
@@ -340,6 +350,7 @@ impl Store {
         }
         let location = inflight.location.clone();
         self.bg.inflight = Some(inflight);
+        self.bg.spill = false;
         Ok(PendingSave { slot, location })
     }
 

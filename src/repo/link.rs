@@ -58,6 +58,8 @@ pub(crate) struct RepoLink {
     /// bound to before this one, carried over by `save_as`: a ref found in one of them
     /// is one this store moved on from, so its save moves it as a save there would.
     pub(crate) refs_seen_before: BTreeMap<String, Vec<RefEntry>>,
+    /// Where `open` could not start at HEAD's version (see [`OpenFallback`]).
+    pub(crate) fallback: Option<super::OpenFallback>,
 }
 
 impl fmt::Debug for RepoLink {
@@ -91,6 +93,7 @@ impl RepoLink {
             config: Vec::new(),
             seqs: HashMap::new(),
             refs_seen_before: BTreeMap::new(),
+            fallback: None,
         }
     }
 

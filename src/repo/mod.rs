@@ -49,7 +49,7 @@ pub use gc::{GcOptions, GcStats, DEFAULT_GC_GRACE, MERGE_INDEXES_ABOVE};
 pub use generation::DEFAULT_DELETE_WITHIN;
 pub(crate) use link::{resolve_prefix, RepoLink};
 pub use object::parse_object;
-pub use open::RefreshStats;
+pub use open::{OpenFallback, RefreshStats};
 pub use parts::{Part, PartChunks, PartStats};
 pub use rebase::REBASE_BELOW;
 pub use save::SaveStats;

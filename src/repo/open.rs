@@ -9,8 +9,8 @@ use std::sync::Arc;
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
-use super::backend::open_path;
 use super::backend::{is_not_found, Backend, PutOutcome};
+use super::backend::{open_path, open_path_as};
 use super::format::{
     corrupt, id_of_key, manifest_key, parse_json, parse_version, ref_key, to_json, version_key,
     ConfigJson, EntryKind, HeadJson, Manifest, PrunedJson, RefEntry, VersionBody, CONFIG_KEY,
@@ -32,6 +32,28 @@ use crate::version::VersionId;
 
 /// Largest gap of unused ids left to give a loaded version the id it had when saved.
 const MAX_ID_GAP: u64 = 1 << 20;
+
+/// Where [`Store::open`] could not start at HEAD's version and started at an older one
+/// instead (see [`Store::open_fallback`]).
+///
+/// HEAD's version names an object that does not read (a damaged or missing pack, index
+/// or manifest): the store starts detached at the nearest version that reads (HEAD's
+/// first-parent ancestors, then the newest), so that the rest of the history stays
+/// usable; the branch still points at `wanted`, which gives [`Error::CorruptObject`]
+/// when used. A program that resumes work from the working state must not take this
+/// for the branch's tip without saying so.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct OpenFallback {
+    /// The branch HEAD was attached to in the repository (`None`: HEAD was detached).
+    pub branch: Option<String>,
+    /// HEAD's version, which does not read.
+    pub wanted: VersionId,
+    /// The version the store started at (HEAD is detached there).
+    pub opened_at: VersionId,
+    /// The error reading `wanted` gave.
+    pub error: String,
+}
 
 /// What a [`Store::refresh`] took in.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -57,6 +79,12 @@ impl RepoLink {
     /// empty: check the format, read refs, HEAD, the chunk index, prune markers and gc
     /// records. Reads no version and no chunk.
     pub(crate) fn connect(backend: Arc<dyn Backend>) -> Result<RepoLink> {
+        RepoLink::connect_as(backend, true)
+    }
+
+    /// [`connect`](RepoLink::connect); without `create`, an empty location is
+    /// [`Error::NoRepository`] and nothing is written.
+    pub(crate) fn connect_as(backend: Arc<dyn Backend>, create: bool) -> Result<RepoLink> {
         let config = match backend.get(CONFIG_KEY) {
             Ok(b) => b,
             Err(e) if is_not_found(&e) => {
@@ -72,6 +100,11 @@ impl RepoLink {
                     return Err(Error::UnsupportedFormat {
                         path: format!("{}/{CONFIG_KEY}", backend.location()),
                         found: "a non-empty location without a tensor-history config.json".into(),
+                    });
+                }
+                if !create {
+                    return Err(Error::NoRepository {
+                        location: backend.location(),
                     });
                 }
                 let body = to_json(&ConfigJson {
@@ -464,7 +497,8 @@ impl Store {
     /// [`Error::Io`] or [`Error::CorruptObject`] naming the manifest, and changes nothing
     /// when it does. If HEAD's own manifests do not read (damaged, or past a limit this
     /// build enforces, such as [`MAX_DIMS`](crate::MAX_DIMS)), the store starts detached
-    /// at the nearest version that reads, and HEAD's version gives the error when used.
+    /// at the nearest version that reads, HEAD's version gives the error when used, and
+    /// [`open_fallback`](Store::open_fallback) says so: check it before resuming work.
     ///
     /// O(versions + HEAD's tensors) objects read.
     ///
@@ -508,8 +542,34 @@ impl Store {
     ///
     /// As for [`open_with`](Store::open_with).
     pub fn open_backend(backend: Arc<dyn Backend>, config: Config) -> Result<Store> {
+        Store::open_backend_as(backend, config, true)
+    }
+
+    /// [`open_with`](Store::open_with) of a repository that must exist already: where
+    /// there is none, [`Error::NoRepository`], and nothing is created or written at the
+    /// location (no directory, no `config.json`). What readers call (a tool that only
+    /// reads, a checkpoint loader), so that a mistyped path is an error, not a new empty
+    /// repository.
+    ///
+    /// ```
+    /// # use tensor_history::{Config, Error, Store};
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let typo = dir.path().join("runs-typo");
+    /// let err = Store::open_existing(&typo, Config::default()).unwrap_err();
+    /// assert!(matches!(err, Error::NoRepository { .. }));
+    /// assert!(!typo.exists());
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NoRepository`], and as for [`open_with`](Store::open_with).
+    pub fn open_existing(location: impl AsRef<Path>, config: Config) -> Result<Store> {
+        Store::open_backend_as(open_path_as(location.as_ref(), false)?, config, false)
+    }
+
+    fn open_backend_as(backend: Arc<dyn Backend>, config: Config, create: bool) -> Result<Store> {
         let mut store = Store::with_config(config)?;
-        let mut b = RepoLink::connect(backend)?;
+        let mut b = RepoLink::connect_as(backend, create)?;
         let mut hist = History::default();
         let refs = b.refs_seen.clone();
         let roots = roots_of(&b, &refs, b.head_seen.as_ref());
@@ -532,7 +592,15 @@ impl Store {
                 // version that reads, so that the rest of the history stays usable. The
                 // version itself still gives the error when used.
                 Err(e @ Error::CorruptObject { .. }) => {
-                    let (id, _) = readable_fallback(&hist, h).ok_or(e)?;
+                    let Some((id, _)) = readable_fallback(&hist, h) else {
+                        return Err(e);
+                    };
+                    b.fallback = Some(OpenFallback {
+                        branch: hist.head_branch().map(str::to_owned),
+                        wanted: h,
+                        opened_at: id,
+                        error: e.to_string(),
+                    });
                     hist.set_head(Head::Detached(id));
                 }
                 Err(e) => return Err(e),
@@ -542,11 +610,36 @@ impl Store {
         Ok(store)
     }
 
+    /// Whether [`open`](Store::open) started at an older version because HEAD's did not
+    /// read, and which ([`OpenFallback`]); `None` when it started at HEAD as saved. Check
+    /// it before resuming work from an opened store: the working state is then the older
+    /// version's, with HEAD detached there. O(1).
+    ///
+    /// ```
+    /// # use tensor_history::Store;
+    /// # use ndarray::array;
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let mut store = Store::new();
+    /// store.insert("w", &array![1.0f32])?;
+    /// store.commit("init")?;
+    /// store.save_as(dir.path())?;
+    /// assert!(Store::open(dir.path())?.open_fallback().is_none());
+    /// # Ok::<(), tensor_history::Error>(())
+    /// ```
+    #[must_use]
+    pub fn open_fallback(&self) -> Option<&OpenFallback> {
+        self.repo.as_ref()?.fallback.as_ref()
+    }
+
     /// Take in the refs and versions that other processes saved since this store opened
     /// the repository or last refreshed. A ref this store did not move since follows the
     /// repository (the working state follows an attached branch when it is clean); a
     /// branch moved on both sides keeps this store's target and is reported as
-    /// diverged. Uncommitted changes are kept.
+    /// diverged, unless this store's version stays reachable from another of its refs
+    /// and the branch is not the one HEAD is attached to (then it follows). The
+    /// checked-out branch never moves off a version this store committed on it, so the
+    /// working state changes only where this store made no commit of its own.
+    /// Uncommitted changes are kept.
     ///
     /// O(new versions + refs) objects read.
     ///
@@ -678,11 +771,14 @@ fn refresh_into(store: &mut Store, b: &mut RepoLink) -> Result<RefreshStats> {
         }
         // A ref moved here loses nothing by following the repository's when this store
         // deleted it, or when its version stays reachable from another ref or a
-        // detached HEAD.
+        // detached HEAD; but the branch HEAD is attached to follows only if this store
+        // did not move it: following would change the working state under the process
+        // without its asking (its own version may be reachable from a tag, yet the
+        // process trains on from it).
         let follows = unchanged_here
             || match local {
                 None => true,
-                Some(r) => reachable_elsewhere(&store.hist, &name, r.target()),
+                Some(r) => !checked_out && reachable_elsewhere(&store.hist, &name, r.target()),
             };
         if !follows || (checked_out && (store.is_dirty() || theirs.kind != EntryKind::Branch)) {
             stats

@@ -385,8 +385,8 @@ impl Store {
     /// repository it was bound to (then it moves or deletes it as [`save`](Store::save)
     /// would: a store saving again into a copy of its own repository). Refs that only
     /// the repository has are left as they are. Otherwise `save_as` returns
-    /// [`Error::BranchMoved`] naming the first such ref and the repository's version of it,
-    /// before writing any ref or HEAD, and the store stays bound where it was (the
+    /// [`Error::OtherHistory`] naming the first such ref and the repository's version of
+    /// it, before writing any ref or HEAD, and the store stays bound where it was (the
     /// objects it wrote are unreferenced, and gc removes them). To keep both
     /// histories, give this store's branch another name (or open the repository and
     /// merge), then `save_as` again. A detached HEAD of the repository at a version this
@@ -396,8 +396,9 @@ impl Store {
     ///
     /// # Errors
     ///
-    /// As for [`save`](Store::save) and [`open`](Store::open); [`Error::BranchMoved`] as
-    /// above.
+    /// As for [`save`](Store::save) and [`open`](Store::open); [`Error::OtherHistory`] as
+    /// above ([`Error::BranchMoved`] if another process moves a ref while this save
+    /// writes them).
     pub fn save_as(&mut self, location: impl AsRef<Path>) -> Result<SaveStats> {
         let backend = open_path(location.as_ref())?;
         self.save_to(backend)
@@ -425,7 +426,19 @@ impl Store {
         let unseen = take_unseen_refs(&mut bound);
         // An error here (a ref of the repository that this save would overwrite, found
         // before any ref was written, included) leaves the store bound where it was.
-        let saved = save_into(&mut self.hist, &mut bound, Some(&unseen), &mut Vec::new())?;
+        let saved = match save_into(&mut self.hist, &mut bound, Some(&unseen), &mut Vec::new()) {
+            Ok(s) => s,
+            // A ref of the repository that this store never saw there, and that this
+            // save would overwrite: the location holds another history.
+            Err(Error::BranchMoved { branch, theirs }) => {
+                return Err(Error::OtherHistory {
+                    location: bound.location.clone(),
+                    branch,
+                    theirs,
+                })
+            }
+            Err(e) => return Err(e),
+        };
         match saved.into_result() {
             // A conflict or a ref name too long found while writing the refs comes after
             // every other ref was saved: the store is bound to the new repository.

@@ -569,7 +569,8 @@ pub fn run(max_versions: Option<usize>, ops: &[Op]) -> Result<(), TestCaseError>
 }
 
 /// [`run`] with `Config::memory_budget` set to `budget`: after every step the budget is
-/// also enforced at once (old versions encoded), and the store checked again.
+/// also enforced at once (old versions encoded), and the store checked again. Versions
+/// the budget let go leave the model too (see [`follow_budget`]).
 pub fn run_with_budget(
     max_versions: Option<usize>,
     budget: Option<usize>,
@@ -594,11 +595,39 @@ pub fn run_with_budget(
                 op
             );
         }
+        if budget.is_some() {
+            follow_budget(&store, &mut model)?;
+        }
         check(&store, &model)?;
         if budget.is_some() {
             store.enforce_memory_budget();
+            follow_budget(&store, &mut model)?;
             check(&store, &model)?;
         }
+    }
+    Ok(())
+}
+
+/// Versions the memory budget let go: when even encoded the history holds more than the
+/// budget, a commit drops versions that no ref, HEAD, the reflog or the redo path holds
+/// (as auto-retention does). Each version the store dropped must be one of those; the
+/// model drops it too (its reads then give `PrunedVersion` in both).
+fn follow_budget(store: &Store, model: &mut Model) -> Result<(), TestCaseError> {
+    let live: Vec<VersionId> = store.versions();
+    for id in model.live() {
+        if live.contains(&vid(id)) {
+            continue;
+        }
+        let protected = model.refs.values().any(|r| r.target() == vid(id))
+            || model.head_id() == Some(id)
+            || model.reflog.iter().any(|(_, v)| *v == id)
+            || model.redo.contains(&id);
+        prop_assert!(
+            !protected,
+            "the memory budget dropped v{}, which is protected",
+            id
+        );
+        model.remove(id);
     }
     Ok(())
 }

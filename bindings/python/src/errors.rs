@@ -174,6 +174,21 @@ pub(crate) fn to_py(e: Error) -> PyErr {
                     ("dtype", obj(py, dtype.name())),
                 ],
             ),
+            Error::OtherHistory {
+                location,
+                branch,
+                theirs,
+            } => (
+                "OtherHistory",
+                vec![
+                    ("location", obj(py, location)),
+                    ("branch", obj(py, branch)),
+                    ("theirs", obj(py, theirs.map(|h| h.to_string()))),
+                ],
+            ),
+            Error::NoRepository { location } => {
+                ("NoRepository", vec![("location", obj(py, location))])
+            }
             Error::RepositoryReplaced { location, reason } => (
                 "RepositoryReplaced",
                 vec![("location", obj(py, location)), ("reason", obj(py, reason))],

@@ -31,6 +31,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<persist::PyPartStats>()?;
     m.add_class::<persist::PyPendingSave>()?;
     m.add_class::<persist::PyRefreshStats>()?;
+    m.add_class::<persist::PyOpenFallback>()?;
     m.add_class::<persist::PyGcStats>()?;
     m.add("DEFAULT_CHUNK_BYTES", tensor_history::DEFAULT_CHUNK_BYTES)?;
     Ok(())

@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use pyo3::prelude::*;
 use tensor_history::{
-    Config, ContentHash, Error, GcOptions, GcStats, Part, PartStats, PendingSave, RefreshStats,
-    SaveStats, Store,
+    Config, ContentHash, Error, GcOptions, GcStats, OpenFallback, Part, PartStats, PendingSave,
+    RefreshStats, SaveStats, Store,
 };
 
 use crate::errors::OrPy;
@@ -263,6 +263,58 @@ impl PyRefreshStats {
     }
 }
 
+/// Where `Store.open` started at an older version because HEAD's did not read (the
+/// store's `open_fallback`): HEAD is detached at `opened_at`; the branch still points at
+/// `wanted`, which raises `CorruptObject` when read.
+#[pyclass(frozen, get_all, module = "tensor_history", name = "OpenFallback")]
+#[derive(Clone, Debug)]
+pub(crate) struct PyOpenFallback {
+    /// The branch HEAD was attached to in the repository (`None`: it was detached).
+    branch: Option<String>,
+    /// HEAD's version, which does not read.
+    wanted: PyVersion,
+    /// The version the store started at.
+    opened_at: PyVersion,
+    /// The error reading `wanted` gave.
+    error: String,
+}
+
+impl From<&OpenFallback> for PyOpenFallback {
+    fn from(f: &OpenFallback) -> Self {
+        PyOpenFallback {
+            branch: f.branch.clone(),
+            wanted: f.wanted.into(),
+            opened_at: f.opened_at.into(),
+            error: f.error.clone(),
+        }
+    }
+}
+
+impl PyOpenFallback {
+    /// The warning `Store.open` gives.
+    pub(crate) fn message(&self, location: &str) -> String {
+        let head = match &self.branch {
+            Some(b) => format!("branch `{b}` at version {}", self.wanted.id),
+            None => format!("the detached HEAD at version {}", self.wanted.id),
+        };
+        format!(
+            "the repository at `{location}`: {head} does not read ({}); the store opened \
+             detached at version {}, an older one (see Store.open_fallback)",
+            self.error, self.opened_at.id
+        )
+    }
+}
+
+#[pymethods]
+impl PyOpenFallback {
+    fn __repr__(&self) -> String {
+        format!(
+            "OpenFallback(branch={:?}, wanted=Version({}), opened_at=Version({}), error={:?})",
+            self.branch, self.wanted.id, self.opened_at.id, self.error
+        )
+    }
+}
+
 /// What a `gc` found and did (or, with `dry_run`, would do).
 #[pyclass(frozen, get_all, module = "tensor_history", name = "GcStats")]
 #[derive(Clone, Debug)]
@@ -346,9 +398,13 @@ pub(crate) fn config(
     c
 }
 
-/// Open (or create) the repository at `path`.
-pub(crate) fn open(path: &Path, config: Config) -> Result<Store, Error> {
-    Store::open_with(path, config)
+/// Open the repository at `path`, creating it if absent when `create` says so.
+pub(crate) fn open(path: &Path, config: Config, create: bool) -> Result<Store, Error> {
+    if create {
+        Store::open_with(path, config)
+    } else {
+        Store::open_existing(path, config)
+    }
 }
 
 /// `GcOptions` from `gc`'s keyword arguments: `grace` in seconds (>= 0, finite),

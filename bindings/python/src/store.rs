@@ -11,7 +11,9 @@ use tensor_history::{
 
 use crate::arrays::{self, on_view, View, ViewMut};
 use crate::errors::{self, OrPy};
-use crate::persist::{self, PyGcStats, PyPartStats, PyPendingSave, PyRefreshStats, PySaveStats};
+use crate::persist::{
+    self, PyGcStats, PyOpenFallback, PyPartStats, PyPendingSave, PyRefreshStats, PySaveStats,
+};
 use crate::snapshot::PySnapshot;
 use crate::types::{
     diff_dict, log_rows, meta_dict, meta_from_py, PyLogEntry, PyPruneStats, PyStats, PyVersion,
@@ -43,7 +45,7 @@ impl Inner {
 /// Thread-safe: every call takes an internal lock with the GIL released, so several
 /// Python threads may share one store. Arrays must not be mutated by another thread while
 /// a call that reads or writes them runs.
-#[pyclass(frozen, module = "tensor_history", name = "Store")]
+#[pyclass(frozen, weakref, module = "tensor_history", name = "Store")]
 pub(crate) struct PyStore {
     inner: Arc<Mutex<Inner>>,
     /// The copy `commit_later` runs on another thread, and the commit that follows it.
@@ -257,15 +259,22 @@ impl PyStore {
         Ok(PyStore::with_inner(store))
     }
 
-    /// Open the repository at `path` (a directory, created if absent): refs, HEAD and
-    /// every version come back as saved, the working state is HEAD. Chunk data is not
-    /// read here: it is mapped and checked against its hash on first use. Keyword
+    /// Open the repository at `path` (a directory, created if absent, or a URL): refs,
+    /// HEAD and every version come back as saved, the working state is HEAD. Chunk data
+    /// is not read here: it is mapped and checked against its hash on first use. Keyword
     /// arguments as for `Store()`. O(versions + tensors) objects read, GIL released.
     ///
+    /// `create=False`: the repository must exist; where there is none, `NoRepository`
+    /// is raised and nothing is created at `path` (for code that only reads).
+    ///
+    /// If HEAD's version does not read (a damaged pack, index or manifest), the store
+    /// starts detached at the nearest older version that does, warns
+    /// (`OpenFallbackWarning`) and says so in `open_fallback`.
+    ///
     /// Raises `StorageError`, `UnsupportedFormat` (another format, or a non-empty
-    /// directory that is not a repository), `CorruptObject`.
+    /// directory that is not a repository), `CorruptObject`, `NoRepository`.
     #[staticmethod]
-    #[pyo3(signature = (path, *, chunk_bytes = None, max_versions = None, recycle_bytes = None, memory_budget = None))]
+    #[pyo3(signature = (path, *, chunk_bytes = None, max_versions = None, recycle_bytes = None, memory_budget = None, create = true))]
     fn open(
         py: Python<'_>,
         path: PathBuf,
@@ -273,10 +282,28 @@ impl PyStore {
         max_versions: Option<usize>,
         recycle_bytes: Option<usize>,
         memory_budget: Option<usize>,
+        create: bool,
     ) -> PyResult<Self> {
         let c = persist::config(chunk_bytes, max_versions, recycle_bytes, memory_budget);
-        let store = py.detach(|| persist::open(&path, c)).or_py()?;
+        let store = py.detach(|| persist::open(&path, c, create)).or_py()?;
+        if let Some(f) = store.open_fallback() {
+            let msg = PyOpenFallback::from(f).message(store.location().unwrap_or_default());
+            let category = py
+                .import("tensor_history._errors")?
+                .getattr("OpenFallbackWarning")?;
+            PyErr::warn(py, &category, &std::ffi::CString::new(msg)?, 1)?;
+        }
         Ok(PyStore::with_inner(store))
+    }
+
+    /// `None` when `open` started at HEAD as saved; else an `OpenFallback`: HEAD's
+    /// version did not read (a damaged or missing pack, index or manifest), and the
+    /// store started detached at an older version that does (the branch still points at
+    /// the damaged one, which raises `CorruptObject` when read). `open` also warned
+    /// (`OpenFallbackWarning`). Check it before resuming work from an opened store. O(1).
+    #[getter]
+    fn open_fallback(&self, py: Python<'_>) -> PyResult<Option<PyOpenFallback>> {
+        self.run(py, |i| i.store.open_fallback().map(PyOpenFallback::from))
     }
 
     /// Where this store saves (`None` before `open` or `save_as`).
@@ -443,11 +470,19 @@ impl PyStore {
         self.run(py, |i| i.store.config().max_versions)
     }
 
-    /// Bytes of history held in memory past which old versions are kept encoded
-    /// (`None`: no budget).
+    /// Bytes of history the store may hold in memory, raw and encoded (`None`: no
+    /// budget): past it old versions are kept encoded, and when even encoded the
+    /// history passes it, the oldest go (spilled to the repository, or let go where no
+    /// ref, HEAD or the reflog holds them). Settable: the next commit holds the history
+    /// to the new value.
     #[getter]
     fn memory_budget(&self, py: Python<'_>) -> PyResult<Option<usize>> {
         self.run(py, |i| i.store.config().memory_budget)
+    }
+
+    #[setter]
+    fn set_memory_budget(&self, py: Python<'_>, budget: Option<usize>) -> PyResult<()> {
+        self.run(py, |i| i.store.set_memory_budget(budget))
     }
 
     /// Encode old versions now (what commits start in the background) until the held

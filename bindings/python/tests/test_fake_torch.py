@@ -412,7 +412,7 @@ def test_a_tracker_without_a_store_gets_a_budget_of_four_model_sizes():
     model, opt = make()
     tracker = th.torch.track(model, opt)
     nbytes = sum(t._arr.nbytes for t in model.state_dict().values())
-    assert tracker.store.memory_budget == th.torch.DEFAULT_BUDGET_MODELS * nbytes == 4 * nbytes
+    assert tracker.store.memory_budget == max(th.torch.DEFAULT_BUDGET_STATES * nbytes, 64 << 20)
     given = th.Store()
     assert th.torch.track(model, opt, store=given).store.memory_budget is None
 

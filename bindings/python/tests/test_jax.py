@@ -230,9 +230,13 @@ def test_a_tracker_without_a_store_gets_a_budget_of_four_tree_sizes(tmp_path):
     nbytes = sum(a.nbytes for a in np_tree(tree))  # typed keys as their key data
     assert th.jax.tree_bytes(tree) == nbytes
     tr = th.jax.track(tree)
-    assert tr.store.memory_budget == th.jax.DEFAULT_BUDGET_MODELS * nbytes == 4 * nbytes
-    assert th.jax.track(tree, path=tmp_path / "run").store.memory_budget == 4 * nbytes
+    assert tr.store.memory_budget == max(th.jax.DEFAULT_BUDGET_STATES * nbytes, 64 << 20)
+    assert th.jax.track(tree, path=tmp_path / "run").store.memory_budget == max(4 * nbytes, 64 << 20)
     assert th.jax.track(tree, store=th.Store()).store.memory_budget is None
+    assert th.jax.track(tree, memory_budget=123).store.memory_budget == 123
+    assert th.jax.track(tree, path=tmp_path / "r2", memory_budget=None).store.memory_budget is None
+    with pytest.raises(TypeError):
+        th.jax.track(tree, store=th.Store(), memory_budget=1)
 
 
 def test_an_optimizer_beside_a_pytree_is_refused_before_a_repository_is_made(tmp_path):
@@ -912,12 +916,16 @@ def test_nnx_restore_into_a_variable_of_another_shape_changes_nothing():
     assert same(np.array(m.l2.bias.get_value()), bias2) and tr.store.head() == v1
 
 
-def test_an_nnx_tracker_without_a_store_gets_a_budget_of_four_model_sizes(tmp_path):
+def test_an_nnx_tracker_without_a_store_gets_a_budget_of_four_tracked_states(tmp_path):
     m = Net(nnx.Rngs(0), jnp.float16)
     o = nnx.Optimizer(m, optax.adam(1e-3), wrt=nnx.Param)
-    nbytes = sum(a.nbytes for a in nnx_values(m).values())  # the model's, not the optimizer's
-    assert th.jax.track(m, o).store.memory_budget == 4 * nbytes
-    assert th.jax.track(m, o, path=tmp_path / "run").store.memory_budget == 4 * nbytes
+    # The state: the model's Variables and the optimizer's (Adam's moments, its count).
+    nbytes = sum(a.nbytes for a in nnx_values(m, o).values())
+    assert th.jax.DEFAULT_BUDGET_STATES == 4
+    assert th.jax.track(m, o).store.memory_budget == max(4 * nbytes, 64 << 20)
+    assert th.jax.track(m, o, path=tmp_path / "run").store.memory_budget == max(4 * nbytes, 64 << 20)
+    assert th.jax.track(m, o, memory_budget=1000).store.memory_budget == 1000
+    assert th.jax.track(m, o, memory_budget=None).store.memory_budget is None
 
 
 def test_an_nnx_history_past_the_default_budget_reads_back_bit_for_bit():

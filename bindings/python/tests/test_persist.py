@@ -502,9 +502,12 @@ def test_save_as_onto_another_history_raises_conflict_and_loses_none_of_it(tmp_p
     b = th.Store()
     b.insert("w", np.ones(4, np.float32))
     b.commit("run 2")
-    with pytest.raises(th.BranchMoved) as e:
+    with pytest.raises(th.OtherHistory) as e:
         b.save_as(tmp_path)
+    assert isinstance(e.value, th.BranchMoved)  # what code catching conflicts expects
     assert e.value.branch == "main" and e.value.theirs == a.version_hash(va)
+    assert e.value.location == str(tmp_path)
+    assert "holds another history" in str(e.value) and "track(..., path=" in str(e.value)
     assert b.location is None  # still bound where it was: nowhere
     assert_same_history(history(th.Store.open(tmp_path)), before)
 

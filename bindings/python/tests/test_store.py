@@ -459,15 +459,18 @@ def test_safetensors_export_and_import(tmp_path):
 
 
 def test_a_memory_budget_keeps_old_versions_encoded_and_reads_them_back():
+    # Every version is tagged: the budget encodes them and lets none go.
     s = th.Store(chunk_bytes=16384, memory_budget=0)
     assert s.memory_budget == 0
     w = (np.sin(np.arange(65536, dtype=np.float32) * 0.37) * 0.05).astype(np.float32)
     s.insert("w", w)
     copies = [(s.commit("init"), w.copy())]
+    s.tag("t0", copies[0][0])
     for i in range(8):
         w = (w * np.float32(1 - 1e-4) + np.float32(1e-6) * i).astype(np.float32)
         s.write("w", w)
         copies.append((s.commit(f"step {i}"), w.copy()))
+        s.tag(f"t{i + 1}", copies[-1][0])
     held = s.enforce_memory_budget()
     st = s.stats()
     assert held == st.held_bytes
@@ -478,6 +481,35 @@ def test_a_memory_budget_keeps_old_versions_encoded_and_reads_them_back():
         assert same(s.get("w", at=v), want)
     s.verify()
     assert th.Store().memory_budget is None
+
+
+def test_a_memory_budget_bounds_what_the_history_holds_and_lets_the_oldest_versions_go():
+    model = 65536 * 4
+    budget = 3 * model
+    s = th.Store(chunk_bytes=16384, memory_budget=budget)
+    w = (np.sin(np.arange(65536, dtype=np.float32) * 0.37) * 0.05).astype(np.float32)
+    s.insert("w", w)
+    copies = [(s.commit("init"), w.copy())]
+    s.tag("start", copies[0][0])
+    for i in range(30):
+        w = (w * np.float32(1 - 1e-3) + np.float32(1e-4) * i).astype(np.float32)
+        s.write("w", w)
+        copies.append((s.commit(f"step {i}"), w.copy()))
+        assert s.stats().held_bytes <= budget + model
+    live = set(s.versions())
+    gone = [v for v, _ in copies if v not in live]
+    assert gone and copies[0][0] in live  # the tagged version stays
+    assert gone == sorted(gone) and max(gone) < min(v for v, _ in copies[1:] if v in live)
+    for v in gone:
+        with pytest.raises(th.PrunedVersion):
+            s.get("w", at=v)
+    for v, want in copies:
+        if v in live:
+            assert same(s.get("w", at=v), want)
+    # The budget is settable; None turns it off.
+    s.memory_budget = None
+    assert s.memory_budget is None
+    s.verify()
 
 
 def test_commit_later_copies_on_another_thread_and_commits_at_the_next_call():

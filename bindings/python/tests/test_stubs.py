@@ -40,6 +40,8 @@ def _members(cls: ast.ClassDef) -> dict:
     for n in cls.body:
         if isinstance(n, ast.FunctionDef):
             deco = {d.id if isinstance(d, ast.Name) else getattr(d, "attr", "") for d in n.decorator_list}
+            if "setter" in deco:
+                continue  # a settable property: its getter was listed
             out[n.name] = ("property" if "property" in deco else
                            "staticmethod" if "staticmethod" in deco else "method", n)
     return out

@@ -566,3 +566,92 @@ def test_weights_loaded_in_place_right_after_track_are_no_error():
     # the loaded weights were committed as the trial's base, then the kept step
     base = tr.store.parent(tr.store.head())
     assert tr.store.parent(base) == v0
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _dense_adamw(width: int = 512):
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.Tanh(),
+                            torch.nn.Linear(width, width))
+    return m, torch.optim.AdamW(m.parameters(), lr=1e-3)
+
+
+def _state_bytes(m, opt) -> int:
+    n = sum(p.numel() * p.element_size() for p in m.state_dict().values())
+    for st in opt.state.values():
+        n += sum(v.numel() * v.element_size() for v in st.values() if torch.is_tensor(v))
+    return n
+
+
+def _dense_step(m, opt, seed):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(16, m[0].in_features, generator=g)
+    opt.zero_grad()
+    m(x).pow(2).mean().backward()
+    opt.step()
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="RSS read from /proc")
+@pytest.mark.parametrize("repo", [False, True], ids=["memory", "repository"])
+def test_the_default_budget_holds_a_dense_adamw_loop_to_a_fixed_number_of_states(tmp_path, repo):
+    # Every step kept: without a budget the history would grow by a state (weights and
+    # two moments, about 39 MiB here: four states pass the budget's 64 MiB floor) per
+    # step, less what encoding saves.
+    m, opt = _dense_adamw(1280)
+    tr = th.torch.track(m, opt, path=tmp_path / "run" if repo else None)
+    steps, copies, rss, peak = 30, [], [], 0.0
+    for i in range(steps):
+        with tr.trial(f"step {i}") as t:
+            _dense_step(m, opt, i)
+            v = t.keep()
+        state = _state_bytes(m, opt)
+        held = tr.stats().held_bytes
+        # The budget follows the state (AdamW's appears at its first step): at most
+        # DEFAULT_BUDGET_STATES states, plus the one being committed and, while the
+        # encoder catches up, about one more.
+        assert tr.store.memory_budget == th.torch.DEFAULT_BUDGET_STATES * state
+        # With a repository, the versions a spill is writing and the saved parent of
+        # the next one are held raw meanwhile: about one state more.
+        assert held <= (th.torch.DEFAULT_BUDGET_STATES + 2 + repo) * state, (i, held, state)
+        peak = max(peak, held / state)
+        # Copies of the first and the last steps only (the test's own memory stays flat).
+        copies = copies[:1] + copies[1:][-2:] + [(v, snapshot(m, opt))]
+        rss.append(_rss_bytes())
+    # The process does not grow with the history: over the second half of the loop,
+    # RSS grew by less than two states (a history without a bound adds six or more).
+    assert rss[-1] - rss[steps // 2] < 2 * state, (rss[steps // 2], rss[-1], state)
+    print(f"peak held {peak:.2f} states; RSS over the second half "
+          f"{(rss[-1] - rss[steps // 2]) / state:+.2f} states")
+    live = set(tr.store.versions())
+    if repo:
+        # Spilled to the repository, not lost: every kept step is there.
+        assert len(live) >= steps and all(v in live for v, _ in copies)
+        tr.save()
+    else:
+        assert copies[0][0] not in live and copies[-1][0] in live
+        with pytest.raises(th.PrunedVersion):
+            tr.restore(copies[0][0])
+    # The versions kept restore bit for bit (the newest few, and the first from disk).
+    for v, want in copies[-2:] + copies[:1] * repo:
+        tr.restore(v)
+        assert_bitwise(snapshot(m, opt), want)
+    tr.close()
+
+
+def test_track_takes_a_memory_budget_of_its_own(tmp_path):
+    m, opt = _dense_adamw(64)
+    assert th.torch.track(m, opt, memory_budget=12345).store.memory_budget == 12345
+    assert th.torch.track(m, opt, memory_budget=None).store.memory_budget is None
+    tr = th.torch.track(m, opt, path=tmp_path / "r", memory_budget=1 << 20)
+    assert tr.store.memory_budget == 1 << 20
+    for i in range(3):
+        with tr.trial() as t:
+            _dense_step(m, opt, i)
+            t.keep()
+    assert tr.store.memory_budget == 1 << 20  # a budget given is not moved
+    with pytest.raises(TypeError):
+        th.torch.track(m, opt, store=th.Store(), memory_budget=1)

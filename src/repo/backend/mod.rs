@@ -61,16 +61,25 @@ pub use object::{
 /// configured; [`Error::InvalidArgument`] for a malformed URL or a scheme this build
 /// does not support (naming the cargo feature that would).
 pub fn open_location(location: &str) -> Result<Arc<dyn Backend>> {
+    open_location_as(location, true)
+}
+
+/// [`open_location`]; without `create`, a local directory that does not exist is
+/// [`Error::NoRepository`] instead of being created.
+pub(crate) fn open_location_as(location: &str, create: bool) -> Result<Arc<dyn Backend>> {
+    let local = |path: &str| -> Result<Arc<dyn Backend>> {
+        Ok(Arc::new(local_dir(Path::new(path), create)?))
+    };
     let Some((scheme, rest)) = location.split_once("://") else {
-        return Ok(Arc::new(LocalDir::new(location)?));
+        return local(location);
     };
     if scheme.len() < 2 || !scheme.bytes().all(|b| b.is_ascii_alphanumeric()) {
         // `C://x` on Windows, or a relative path that happens to hold `://`.
-        return Ok(Arc::new(LocalDir::new(location)?));
+        return local(location);
     }
     match scheme {
         "file" => match rest.strip_prefix("localhost").unwrap_or(rest) {
-            path if path.starts_with('/') => Ok(Arc::new(LocalDir::new(path)?)),
+            path if path.starts_with('/') => local(path),
             _ => Err(Error::InvalidArgument {
                 reason: format!("`{location}`: a file:// URL needs an absolute path"),
             }),
@@ -78,6 +87,17 @@ pub fn open_location(location: &str) -> Result<Arc<dyn Backend>> {
         "memory" => Ok(Arc::new(MemoryBackend::new())),
         _ => open_object_store(location, scheme),
     }
+}
+
+/// A local directory backend at `root`, created if absent when `create` says so, else
+/// [`Error::NoRepository`] unless a directory is there.
+fn local_dir(root: &Path, create: bool) -> Result<LocalDir> {
+    if !create && !root.is_dir() {
+        return Err(Error::NoRepository {
+            location: root.display().to_string(),
+        });
+    }
+    LocalDir::new(root)
 }
 
 #[cfg(feature = "object-store-client")]
@@ -214,9 +234,14 @@ pub trait Backend: fmt::Debug + Send + Sync {
 
 /// [`open_location`] for a path that may not be UTF-8.
 pub(crate) fn open_path(location: &Path) -> Result<Arc<dyn Backend>> {
+    open_path_as(location, true)
+}
+
+/// [`open_location_as`] for a path that may not be UTF-8.
+pub(crate) fn open_path_as(location: &Path, create: bool) -> Result<Arc<dyn Backend>> {
     match location.to_str() {
-        Some(s) => open_location(s),
-        None => Ok(Arc::new(LocalDir::new(location)?)),
+        Some(s) => open_location_as(s, create),
+        None => Ok(Arc::new(local_dir(location, create)?)),
     }
 }
 

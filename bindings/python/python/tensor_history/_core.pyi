@@ -161,6 +161,19 @@ class RefreshStats:
     @property
     def theirs(self) -> dict[str, Version | None]: ...
 
+class OpenFallback:
+    """Where ``Store.open`` started at an older version because HEAD's did not read:
+    HEAD is detached at ``opened_at``; the branch still points at ``wanted``, which
+    raises ``CorruptObject`` when read."""
+    @property
+    def branch(self) -> str | None: ...
+    @property
+    def wanted(self) -> Version: ...
+    @property
+    def opened_at(self) -> Version: ...
+    @property
+    def error(self) -> str: ...
+
 class GcStats:
     """What a ``gc`` found and did (or would do, with ``dry_run``)."""
     @property
@@ -220,14 +233,24 @@ class Store:
         max_versions: int | None = None,
         recycle_bytes: int | None = None,
         memory_budget: int | None = None,
+        create: bool = True,
     ) -> Store:
-        """Open (or create) the repository at ``path``; the working state is HEAD."""
+        """Open (or, with ``create``, create) the repository at ``path``; the working
+        state is HEAD. ``create=False`` raises ``NoRepository`` where there is none."""
+    @property
+    def open_fallback(self) -> OpenFallback | None:
+        """``None`` when ``open`` started at HEAD as saved; else where it started
+        instead, and why (``open`` warned with ``OpenFallbackWarning``)."""
     @property
     def chunk_bytes(self) -> int: ...
     @property
     def max_versions(self) -> int | None: ...
     @property
-    def memory_budget(self) -> int | None: ...
+    def memory_budget(self) -> int | None:
+        """Bytes of history held in memory, raw and encoded (``None``: no budget);
+        settable."""
+    @memory_budget.setter
+    def memory_budget(self, budget: int | None) -> None: ...
     def enforce_memory_budget(self) -> int:
         """Encode old versions now until the held bytes are within ``memory_budget``."""
     @property

@@ -143,6 +143,15 @@ class BranchMoved(TensorHistoryError):
     branch the repository deleted is written again by the save after a refresh."""
 
 
+class OtherHistory(BranchMoved):
+    """``save_as`` (or a tracker's ``save(path)``) onto a location that holds another
+    history: its ref ``branch`` is at version ``theirs`` (hex), which this store's ref
+    of that name does not descend from (``location``). Nothing there was overwritten,
+    and the store stays bound where it was. To continue that history, open it
+    (``Store.open(path)``, or ``track(..., path=path)``); to keep this one, save it
+    elsewhere or under another branch name. A subclass of :class:`BranchMoved`."""
+
+
 class Corrupt(TensorHistoryError):
     """``verify()`` found damaged data or a broken invariant (``reason``)."""
 
@@ -158,6 +167,16 @@ class AmbiguousRef(TensorHistoryError, KeyError):
 
 class TooLarge(TensorHistoryError, ValueError):
     """A tensor larger than memory can address (``shape``, ``dtype``)."""
+
+
+class OpenFallbackWarning(RuntimeWarning):
+    """``Store.open`` started at an older version because HEAD's did not read (see
+    ``Store.open_fallback``)."""
+
+
+class NoRepository(TensorHistoryError, FileNotFoundError):
+    """No repository at the location a reading call was given (``location``); nothing
+    was created there."""
 
 
 class RepositoryReplaced(TensorHistoryError, OSError):

@@ -28,8 +28,9 @@ from ._core import PendingSave, SaveStats, Store, Version
 from ._errors import (CorruptObject, OpenFallbackWarning, PrunedVersion, TrialError,
                       UncommittedChanges, UnknownVersion)
 
-__all__ = ["DEFAULT_BUDGET_MODELS", "DEFAULT_BUDGET_STATES", "AssignTracker", "Tracker", "Trial",
-           "default_budget", "follow_budget", "tracker_store"]
+__all__ = ["AUTO_BUDGET", "DEFAULT_BUDGET_MIN_BYTES", "DEFAULT_BUDGET_MODELS",
+           "DEFAULT_BUDGET_STATES", "AssignTracker",
+           "Tracker", "Trial", "default_budget", "follow_budget", "tracker_store"]
 
 #: A tracker that makes its own store (``track()`` without ``store=``) gives it a memory
 #: budget of this many *states*, a state being everything the tracker tracks: the
@@ -39,12 +40,16 @@ __all__ = ["DEFAULT_BUDGET_MODELS", "DEFAULT_BUDGET_STATES", "AssignTracker", "T
 #: (spilled to the repository with ``path=``, else dropped unless a branch, tag or the
 #: reflog holds them; see ``Store(memory_budget=...)``). So a dense training loop that
 #: keeps every step holds at most this many states (plus the one being committed),
-#: however long it runs. The budget follows the state as it grows (an optimizer's state
+#: however long it runs (or ``DEFAULT_BUDGET_MIN_BYTES``, for a small model). The
+#: budget follows the state as it grows (an optimizer's state
 #: appears at its first step). ``track(..., memory_budget=bytes)`` sets another, fixed
 #: budget; ``memory_budget=None`` none.
 DEFAULT_BUDGET_STATES = 4
 #: The same number under its earlier name.
 DEFAULT_BUDGET_MODELS = DEFAULT_BUDGET_STATES
+#: The default budget is at least this many bytes (64 MiB): a small model's history
+#: keeps many more than ``DEFAULT_BUDGET_STATES`` states (a long undo) at no real cost.
+DEFAULT_BUDGET_MIN_BYTES = 64 << 20
 
 #: Stores made by :func:`tracker_store` whose budget follows the tracked state.
 _AUTO_BUDGET: "weakref.WeakSet[Store]" = weakref.WeakSet()
@@ -52,11 +57,24 @@ _AUTO_BUDGET: "weakref.WeakSet[Store]" = weakref.WeakSet()
 
 def default_budget(model_bytes: int) -> Optional[int]:
     """The memory budget of a tracker's own store for a tracked state of `model_bytes`
-    bytes: ``DEFAULT_BUDGET_STATES`` times that (``None``, no budget, for no bytes)."""
-    return DEFAULT_BUDGET_STATES * model_bytes if model_bytes > 0 else None
+    bytes: ``DEFAULT_BUDGET_STATES`` times that, and at least
+    ``DEFAULT_BUDGET_MIN_BYTES`` (``None``, no budget, for no bytes)."""
+    if model_bytes <= 0:
+        return None
+    return max(DEFAULT_BUDGET_STATES * model_bytes, DEFAULT_BUDGET_MIN_BYTES)
 
 
-_AUTO = object()
+class _AutoBudget:
+    """The default of ``track(..., memory_budget=)``: ``DEFAULT_BUDGET_STATES`` tracked
+    states, following the state as it grows."""
+
+    def __repr__(self) -> str:
+        return "AUTO_BUDGET"
+
+
+#: ``memory_budget=`` default of every ``track()`` (see ``DEFAULT_BUDGET_STATES``).
+AUTO_BUDGET: Any = _AutoBudget()
+_AUTO = AUTO_BUDGET
 
 
 def tracker_store(path: Union[str, "os.PathLike[str]", None], model_bytes: int,
@@ -388,9 +406,15 @@ class Tracker(Checkpoints):
         trust_versions: bool = True,
         resume: Optional[bool] = None,
         copy_in_background: bool = False,
+        memory_budget: Any = _AUTO,
     ) -> None:
-        # Without a store, one of the default memory budget (see DEFAULT_BUDGET_STATES).
-        self.store = store if store is not None else tracker_store(None, self._model_bytes())
+        # Without a store, one of the default memory budget (see DEFAULT_BUDGET_STATES)
+        # or of `memory_budget` bytes.
+        if store is not None and memory_budget is not _AUTO:
+            raise TypeError("memory_budget= sets the budget of the store the tracker makes: "
+                            "with store=, set Store(memory_budget=...) instead")
+        self.store = (store if store is not None
+                      else tracker_store(None, self._model_bytes(), memory_budget))
         self.trust_versions = trust_versions
         # copy_in_background: the tokens of the tensors a commit copies on another thread
         # (see Store.commit_later), until the store settles it; the tensors; and the trial

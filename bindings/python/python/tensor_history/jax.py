@@ -58,7 +58,7 @@ How it works, and what to know:
   ``with tensor_history.jax.track(state, path=...) as tracker:``, which closes the
   tracker (waiting for its checkpoint) at the end of the block.
 - The store ``track`` makes (in memory, or opened at ``path``) has a memory budget of
-  ``DEFAULT_BUDGET_MODELS`` (4) times the tree's bytes (for a pytree, everything
+  ``DEFAULT_BUDGET_STATES`` (4) times the tree's bytes (for a pytree, everything
   tracked, optimizer state included; for an NNX module, its Variables without the
   optimizer's): versions past it are kept encoded (lossless deltas, see
   ``Store(memory_budget=...)``). Pass ``store=`` to choose another.
@@ -75,11 +75,12 @@ import numpy as np
 
 from ._core import Store, Version
 from ._errors import TrialError
-from ._tracker import DEFAULT_BUDGET_MODELS, AssignTracker, Checkpoints, tracker_store
+from ._tracker import (AUTO_BUDGET, DEFAULT_BUDGET_MODELS, DEFAULT_BUDGET_STATES, AssignTracker,
+                       Checkpoints, tracker_store)
 from ._tracker import Trial as NnxTrial
 
-__all__ = ["DEFAULT_BUDGET_MODELS", "FunctionalTrial", "NnxTracker", "NnxTrial", "Tracker",
-           "nnx_model_bytes", "track", "tree_bytes"]
+__all__ = ["DEFAULT_BUDGET_MODELS", "DEFAULT_BUDGET_STATES", "FunctionalTrial", "NnxTracker",
+           "NnxTrial", "Tracker", "nnx_model_bytes", "track", "tree_bytes"]
 
 PREFIX = "tree/"
 
@@ -250,10 +251,15 @@ class Tracker(Checkpoints):
     """
 
     def __init__(self, tree: Any, *, store: Optional[Store] = None, message: str = "track",
-                 resume: Optional[bool] = None) -> None:
-        # Without a store, one of the default memory budget: DEFAULT_BUDGET_MODELS times
-        # the tree's bytes.
-        self.store = store if store is not None else tracker_store(None, tree_bytes(tree))
+                 resume: Optional[bool] = None, memory_budget: Any = AUTO_BUDGET) -> None:
+        # Without a store, one of the default memory budget (DEFAULT_BUDGET_STATES times
+        # the tree's bytes: for a pytree, the tree is the whole state) or of
+        # `memory_budget` bytes.
+        if store is not None and memory_budget is not AUTO_BUDGET:
+            raise TypeError("memory_budget= sets the budget of the store the tracker makes: "
+                            "with store=, set Store(memory_budget=...) instead")
+        self.store = (store if store is not None
+                      else tracker_store(None, tree_bytes(tree), memory_budget))
         self._trial: Optional[FunctionalTrial] = None
         self._init_checkpoints()
         self._leaves: Dict[str, Any] = {}
@@ -472,13 +478,13 @@ class NnxTracker(AssignTracker):
 
     def __init__(self, model: Any, optimizer: Any = None, *, store: Optional[Store] = None,
                  message: str = "track", trust_versions: bool = True,
-                 resume: Optional[bool] = None) -> None:
+                 resume: Optional[bool] = None, memory_budget: Any = AUTO_BUDGET) -> None:
         self.model = model
         self.optimizer = optimizer
         self._pending: Dict[int, Any] = {}
         self._keep: Dict[int, Any] = {}
         super().__init__(store=store, message=message, trust_versions=trust_versions,
-                         resume=resume)
+                         resume=resume, memory_budget=memory_budget)
 
     def _model_bytes(self) -> int:
         return nnx_model_bytes(self.model)
@@ -544,9 +550,12 @@ def track(tree_or_model: Any, optimizer: Any = None, *,
     Without `path`: commits the current state in a new in-memory store. With `path`:
     opens (or creates) the repository there; if it holds a history, its HEAD becomes the
     tracker's ``state`` (pytrees) or is put into the module (NNX). The store gets a
-    memory budget of ``DEFAULT_BUDGET_MODELS`` (4) times the tree's bytes (the module's
-    Variables', for NNX; pass ``store=`` to choose another). Other keyword arguments go
-    to the tracker."""
+    memory budget of ``DEFAULT_BUDGET_STATES`` (4) tracked states (the whole tree; for
+    NNX, the module's and the optimizer's Variables), or ``memory_budget`` bytes
+    (``None``: none; or pass ``store=``): a loop that keeps every step holds at most that
+    many states, the oldest versions going (saved to the repository with `path`, else
+    dropped unless a branch or tag holds them). Other keyword arguments go to the
+    tracker. Raises ``CorruptObject`` when the repository's HEAD does not read."""
     try:
         from flax import nnx
     except ImportError:
@@ -559,7 +568,7 @@ def track(tree_or_model: Any, optimizer: Any = None, *,
         if "store" in kwargs:
             raise TypeError("track() takes path= or store=, not both")
         nbytes = nnx_model_bytes(tree_or_model) if is_nnx else tree_bytes(tree_or_model)
-        kwargs["store"] = tracker_store(path, nbytes)
+        kwargs["store"] = tracker_store(path, nbytes, kwargs.pop("memory_budget", AUTO_BUDGET))
     if is_nnx:
         return NnxTracker(tree_or_model, optimizer, **kwargs)
     return Tracker(tree_or_model, **kwargs)

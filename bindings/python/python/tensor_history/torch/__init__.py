@@ -90,10 +90,12 @@ import numpy as np
 
 from .._core import Store
 from .._errors import TrialError
-from .._tracker import DEFAULT_BUDGET_MODELS, NotJson, Trial, default_budget, tracker_store
+from .._tracker import (AUTO_BUDGET, DEFAULT_BUDGET_MODELS, DEFAULT_BUDGET_STATES, NotJson, Trial,
+                        default_budget, tracker_store)
 from .._tracker import Tracker as _Tracker
 
-__all__ = ["DEFAULT_BUDGET_MODELS", "Tracker", "Trial", "default_memory_budget", "track"]
+__all__ = ["DEFAULT_BUDGET_MODELS", "DEFAULT_BUDGET_STATES", "Tracker", "Trial",
+           "default_memory_budget", "track"]
 
 
 def _torch() -> Any:
@@ -157,6 +159,7 @@ class Tracker(_Tracker):
         trust_versions: bool = True,
         resume: Optional[bool] = None,
         copy_in_background: bool = False,
+        memory_budget: Any = AUTO_BUDGET,
     ) -> None:
         if copy_in_background and getattr(optimizer, "register_step_pre_hook", None) is None:
             raise TypeError("copy_in_background=True needs an optimizer (its step() waits "
@@ -190,7 +193,8 @@ class Tracker(_Tracker):
 
             self._pre_hook = optimizer.register_step_pre_hook(pre_hook)
         super().__init__(store=store, message=message, trust_versions=trust_versions,
-                         resume=resume, copy_in_background=copy_in_background)
+                         resume=resume, copy_in_background=copy_in_background,
+                         memory_budget=memory_budget)
 
     def _model_bytes(self) -> int:
         return model_bytes(self.model)
@@ -430,11 +434,17 @@ def track(model: Any, optimizer: Any = None, *,
     opens (or creates) the repository there; if it holds a history, its HEAD is written
     into the model and optimizer in place (resume), else their state is committed; call
     ``tracker.save()`` to write new versions. The store gets a memory budget of
-    ``DEFAULT_BUDGET_MODELS`` (4) times the model's state_dict bytes (pass ``store=``
-    to choose another). Variables of the repository outside
-    ``model/`` and ``optim/`` are kept. Other keyword arguments go to :class:`Tracker`."""
+    ``DEFAULT_BUDGET_STATES`` (4) tracked states (the model's state_dict and the
+    optimizer's state; it follows the state as the optimizer's appears), or
+    ``memory_budget`` bytes (``None``: none; or pass ``store=``): a dense loop that keeps
+    every step holds at most that many states, the oldest versions going (saved to the
+    repository with `path`, else dropped unless a branch or tag holds them). Variables
+    of the repository outside ``model/`` and ``optim/`` are kept. Other keyword
+    arguments go to :class:`Tracker`. Raises ``CorruptObject`` when the repository's
+    HEAD does not read (see ``tracker_store``)."""
     if path is not None:
         if "store" in kwargs:
             raise TypeError("track() takes path= or store=, not both")
-        kwargs["store"] = tracker_store(path, model_bytes(model))
+        budget = kwargs.pop("memory_budget", AUTO_BUDGET)
+        kwargs["store"] = tracker_store(path, model_bytes(model), budget)
     return Tracker(model, optimizer, **kwargs)
