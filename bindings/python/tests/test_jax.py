@@ -265,6 +265,9 @@ def test_a_history_past_the_default_budget_reads_back_bit_for_bit():
             t.keep(step(state, *batch(i)))
         state = t.result
         copies.append((t.kept, np_tree(state)))
+    # A small model stays under the default budget's 64 MiB floor: encode every old
+    # version now (enforcing encodes; only a commit lets versions go).
+    tr.store.memory_budget = 0
     tr.store.enforce_memory_budget()
     st = tr.stats()
     assert st.encoded_bytes > 0 and st.encoded_held_bytes < st.encoded_bytes
@@ -937,6 +940,9 @@ def test_an_nnx_history_past_the_default_budget_reads_back_bit_for_bit():
         with tr.trial() as t:
             nnx_step(m, o, *batch(i))
             copies.append((t.keep(), nnx_values(m, o)))
+    # A small model stays under the default budget's 64 MiB floor: encode every old
+    # version now (enforcing encodes; only a commit lets versions go).
+    tr.store.memory_budget = 0
     tr.store.enforce_memory_budget()
     st = tr.stats()
     assert st.encoded_bytes > 0 and st.encoded_held_bytes < st.encoded_bytes
