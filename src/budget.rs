@@ -579,41 +579,56 @@ impl Store {
             // A save a caller started evicts what it writes when it ends: the commit
             // does not wait for it (its caller may be holding it back). A spill is
             // waited for once the history is past the budget plus a model.
-            let m = self.memory_now();
-            if !self.bg.spill || m.raw_held + m.encoded_held <= limit {
+            if !self.bg.spill || self.held() <= limit {
                 return;
             }
-            self.settle_save(true);
-            // What the spill saved left memory; what was committed while it ran is
-            // encoded here, before the next spill captures it raw.
-            let m = self.memory_now();
-            let held = m.raw_held + m.encoded_held;
-            if held > budget {
-                if let Some(done) = self.budget.wait() {
-                    self.apply(done);
-                }
-                let plan = self.plan(held, budget);
-                if !plan.versions.is_empty() {
-                    let done = run(plan);
-                    self.apply(done);
-                }
+            self.end_spill(budget);
+            if self.held_when_encoded() <= budget {
+                return;
             }
         }
         if self.repo.is_some() {
             // A save that failed and was not reported yet keeps its error (another spill
             // would hide it): memory stays over the budget until the next save, refresh
             // or close reports it.
-            if !self.bg.has_unreported()
-                && self.held_when_encoded() > budget
-                && self.save_in_background().is_ok()
-            {
-                // Its error, if any, is reported by the next save, refresh or close
-                // (nobody waits for this one).
-                self.bg.spill = true;
+            if self.bg.has_unreported() || self.save_in_background().is_err() {
+                return;
+            }
+            // Its error, if any, is reported by the next save, refresh or close (nobody
+            // waits for this one).
+            self.bg.spill = true;
+            if self.held() > limit {
+                // Past the budget plus a model: this commit waits for the spill.
+                self.end_spill(budget);
             }
             return;
         }
         self.shed_oldest(budget);
+    }
+
+    /// The bytes the history holds now, raw and encoded. O(versions) and the chunks of
+    /// the versions new since the last count (see [`Record`]).
+    fn held(&mut self) -> usize {
+        let m = self.memory_now();
+        m.raw_held + m.encoded_held
+    }
+
+    /// Wait for the spill in flight (what it saved leaves memory), then encode what
+    /// was committed while it ran, before the next spill captures it raw.
+    fn end_spill(&mut self, budget: usize) {
+        self.settle_save(true);
+        let held = self.held();
+        if held <= budget {
+            return;
+        }
+        if let Some(done) = self.budget.wait() {
+            self.apply(done);
+        }
+        let plan = self.plan(held, budget);
+        if !plan.versions.is_empty() {
+            let done = run(plan);
+            self.apply(done);
+        }
     }
 
     /// Without a repository: drop the oldest live versions that nothing protects (see

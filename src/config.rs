@@ -81,8 +81,9 @@ pub struct Config {
     /// - **with a repository**, they are spilled there: the commit starts a background
     ///   save (as [`Store::save_in_background`](crate::Store::save_in_background), refs
     ///   included), whose end evicts the saved versions' chunks from memory (read back
-    ///   on use). Its error, if any, is returned by the next save, refresh or close;
-    ///   until then no other spill starts, and memory stays over the budget.
+    ///   on use); a commit that finds the history past the budget plus a working state
+    ///   waits for it. Its error, if any, is returned by the next save, refresh or
+    ///   close; until then no other spill starts, and memory stays over the budget.
     /// - **without one**, the oldest versions that no branch, tag, HEAD, the redo path
     ///   or the reflog holds are dropped, oldest first, as
     ///   [`max_versions`](Config::max_versions) does: reading one gives
@@ -93,9 +94,7 @@ pub struct Config {
     /// when it would hold more than the budget plus one working state (the model in
     /// flight): then it waits for the pass (and runs the next one itself, on every
     /// core) or the spill in flight. So the history holds at most about the budget plus
-    /// one working state, whatever the speed of commits (with a repository, plus one
-    /// more: the saved parent of a version committed while a spill ran stays raw, its
-    /// delta base, until the next spill); HEAD and the working state stay
+    /// one working state, whatever the speed of commits; HEAD and the working state stay
     /// raw, so a budget below two working states is always exceeded by them.
     /// [`Store::enforce_memory_budget`](crate::Store::enforce_memory_budget) encodes at
     /// once. With a repository, versions already saved, or captured by a background

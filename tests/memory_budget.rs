@@ -390,11 +390,9 @@ fn with_a_repository_the_budget_spills_versions_there_and_every_one_reads_back()
         peak = peak.max(s.stats().held_bytes);
         copies.push((v, s.get::<f32>("w").unwrap(), s.get::<f32>("m").unwrap()));
     }
-    // With a repository one more model may be held: the saved parent of the version
-    // committed while a spill ran stays raw (its delta base) until the next spill.
     assert!(
-        peak <= budget + 2 * MODEL,
-        "the history held {peak} bytes at a commit, past the budget {budget} plus two models"
+        peak <= budget + MODEL,
+        "the history held {peak} bytes at a commit, past the budget {budget} plus a model {MODEL}"
     );
     // Nothing was let go: the versions are in the repository and read back from it.
     assert_eq!(s.versions().len(), copies.len());
