@@ -442,3 +442,19 @@ def test_a_second_run_saving_to_the_first_runs_path_keeps_the_first_run(tmp_path
     model3, opt3 = make(seed=9)
     th.torch.track(model3, opt3, path=tmp_path)
     assert_same(state(model3, opt3), first)
+
+
+def test_a_tracker_refuses_to_resume_from_an_open_that_fell_back_unless_given_the_store(tmp_path):
+    from test_persist import repository_with_head_damaged
+
+    h0, _ = repository_with_head_damaged(tmp_path / "r")
+    model, opt = make()
+    with pytest.raises(th.CorruptObject, match="cannot resume") as e:
+        th.torch.track(model, opt, path=tmp_path / "r")
+    assert "Store.open" in str(e.value) and e.value.path == str(tmp_path / "r")
+    # Asked for knowingly: a store opened at the fallback is taken as it is.
+    with pytest.warns(th.OpenFallbackWarning):
+        store = th.Store.open(tmp_path / "r")
+    assert store.version_hash(store.head()) == h0
+    tr = th.torch.track(model, opt, store=store)
+    assert tr.store.head() is not None and tr.store.current_branch() is None

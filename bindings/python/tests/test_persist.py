@@ -525,3 +525,44 @@ def test_save_as_onto_another_history_raises_conflict_and_loses_none_of_it(tmp_p
     assert same(c.get("w", at="best"), np.zeros(4, np.float32))
     assert same(c.get("w", at="run2"), np.ones(4, np.float32))
     assert c.version_hash("main") == a.version_hash(va)
+
+
+def repository_with_head_damaged(path: Path):
+    """Two saves of `w` (v0, then v1); the packs of the second save, which hold v1's
+    manifest, get one byte flipped: v1 no longer reads."""
+    s = th.Store()
+    s.insert("w", np.zeros(64, np.float32))
+    v0 = s.commit("zeros")
+    s.save_as(path)
+    before = {p for p in path.rglob("*.thpack")}
+    s.write("w", np.ones(64, np.float32))
+    v1 = s.commit("ones")
+    s.save()
+    for pack in set(path.rglob("*.thpack")) - before:
+        b = bytearray(pack.read_bytes())
+        b[len(b) // 2] ^= 0x01
+        pack.write_bytes(bytes(b))
+    return s.version_hash(v0), s.version_hash(v1)
+
+
+def test_an_open_that_falls_back_to_an_older_version_warns_and_says_where(tmp_path):
+    h0, _ = repository_with_head_damaged(tmp_path / "r")
+    with pytest.warns(th.OpenFallbackWarning, match="branch `main`.*does not read"):
+        s = th.Store.open(tmp_path / "r")
+    f = s.open_fallback
+    assert f is not None and f.branch == "main"
+    assert s.resolve("main") == f.wanted and s.version_hash(f.opened_at) == h0
+    assert s.head() == f.opened_at and s.current_branch() is None  # detached there
+    assert same(s.get("w"), np.zeros(64, np.float32))
+    with pytest.raises(th.CorruptObject):
+        s.get("w", at="main")
+    # A repository that reads opens without a fallback and without a warning.
+    ok = tmp_path / "ok"
+    t = th.Store()
+    t.insert("w", np.zeros(4, np.float32))
+    t.commit("c")
+    t.save_as(ok)
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert th.Store.open(ok).open_fallback is None
