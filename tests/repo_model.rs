@@ -644,10 +644,12 @@ impl Side {
                 continue;
             }
             // Moved here too, but nothing is lost by following the repository: deleted
-            // here, or reachable from another ref or a detached HEAD.
+            // here, or reachable from another ref or a detached HEAD, and not the
+            // checked-out branch (whose working state would change unasked).
             let follows = unchanged_here
                 || match self.model.refs.get(&name) {
                     None => true,
+                    Some(_) if checked_out => false,
                     Some(r) => {
                         let mut roots: Vec<u64> = self
                             .model
