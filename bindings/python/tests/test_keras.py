@@ -187,6 +187,10 @@ def test_a_tracker_without_a_store_gets_a_budget_of_four_states(tmp_path):
     assert tr.store.memory_budget == max(th.keras.DEFAULT_BUDGET_MODELS * state, 64 << 20)
     assert th.keras.track(m, opt, path=tmp_path / "run").store.memory_budget == max(4 * state, 64 << 20)
     assert th.keras.track(m, opt, store=th.Store()).store.memory_budget is None
+    assert th.keras.track(m, opt, memory_budget=4321).store.memory_budget == 4321
+    assert th.keras.track(m, opt, path=tmp_path / "r2", memory_budget=None).store.memory_budget is None
+    with pytest.raises(TypeError):
+        th.keras.track(m, opt, store=th.Store(), memory_budget=1)
 
 
 def test_a_history_past_the_default_budget_reads_back_bit_for_bit():

@@ -686,6 +686,10 @@ def test_a_tracker_without_a_store_gets_a_budget_of_four_states(tmp_path):
     assert tr.store.memory_budget == max(th.tf.DEFAULT_BUDGET_MODELS * state, 64 << 20)
     assert th.tf.track(m, opt, path=tmp_path / "run").store.memory_budget == max(4 * state, 64 << 20)
     assert th.tf.track(m, opt, store=th.Store()).store.memory_budget is None
+    assert th.tf.track(m, opt, memory_budget=4321).store.memory_budget == 4321
+    assert th.tf.track(m, opt, path=tmp_path / "r2", memory_budget=None).store.memory_budget is None
+    with pytest.raises(TypeError):
+        th.tf.track(m, opt, store=th.Store(), memory_budget=1)
     net = Net(tf.float16)
     assert th.tf.track(net).store.memory_budget == max(4 * sum(
         v.numpy().nbytes for v in (net.w, net.b, *net.layers)), 64 << 20)

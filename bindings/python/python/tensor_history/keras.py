@@ -68,11 +68,11 @@ import numpy as np
 
 from ._core import Store
 from ._errors import TrialError
-from ._tracker import DEFAULT_BUDGET_MODELS, Trial, tracker_store
+from ._tracker import AUTO_BUDGET, DEFAULT_BUDGET_MODELS, DEFAULT_BUDGET_STATES, Trial, tracker_store
 from .tf import Tracker as _TfTracker
 from .tf import keras_model_variables, variables_bytes
 
-__all__ = ["DEFAULT_BUDGET_MODELS", "Tracker", "Trial", "track"]
+__all__ = ["DEFAULT_BUDGET_MODELS", "DEFAULT_BUDGET_STATES", "Tracker", "Trial", "track"]
 
 
 def backend() -> str:
@@ -90,13 +90,14 @@ class Tracker(_TfTracker):
 
     def __init__(self, model: Any, optimizer: Any = None, *, store: Optional[Store] = None,
                  message: str = "track", trust_versions: bool = True,
-                 resume: Optional[bool] = None) -> None:
+                 resume: Optional[bool] = None, memory_budget: Any = AUTO_BUDGET) -> None:
         self.backend = backend()
         if self.backend not in ("tensorflow", "jax", "torch"):
             raise TrialError(f"the Keras backend {self.backend!r} is not supported "
                              "(tensorflow, jax or torch)", reason="backend")
         super().__init__(model, optimizer, store=store, message=message,
-                         trust_versions=trust_versions, resume=resume)
+                         trust_versions=trust_versions, resume=resume,
+                         memory_budget=memory_budget)
 
     @property
     def model(self) -> Any:
@@ -178,10 +179,13 @@ def track(model: Any, optimizer: Any = None, *,
     opens (or creates) the repository there; if it holds a history, its HEAD is assigned
     to the model and optimizer (resume), else their values are committed; call
     ``tracker.save()`` to write new versions. The store gets a memory budget of
-    ``DEFAULT_BUDGET_MODELS`` (4) times the model's variables' bytes (pass ``store=`` to
-    choose another). Other keyword arguments go to :class:`Tracker`."""
+    ``DEFAULT_BUDGET_STATES`` (4) tracked states (the model's variables and the
+    optimizer's), or ``memory_budget`` bytes (``None``: none; or pass ``store=``). Other
+    keyword arguments go to :class:`Tracker`. Raises ``CorruptObject`` when the
+    repository's HEAD does not read."""
     if path is not None:
         if "store" in kwargs:
             raise TypeError("track() takes path= or store=, not both")
-        kwargs["store"] = tracker_store(path, variables_bytes(keras_model_variables(model)))
+        kwargs["store"] = tracker_store(path, variables_bytes(keras_model_variables(model)),
+                                        kwargs.pop("memory_budget", AUTO_BUDGET))
     return Tracker(model, optimizer, **kwargs)

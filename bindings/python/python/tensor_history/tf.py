@@ -105,9 +105,10 @@ import numpy as np
 
 from ._core import Store
 from ._errors import TrialError
-from ._tracker import DEFAULT_BUDGET_MODELS, AssignTracker, Trial, tracker_store
+from ._tracker import (AUTO_BUDGET, DEFAULT_BUDGET_MODELS, DEFAULT_BUDGET_STATES, AssignTracker,
+                       Trial, tracker_store)
 
-__all__ = ["DEFAULT_BUDGET_MODELS", "Tracker", "Trial", "keras_model_variables",
+__all__ = ["DEFAULT_BUDGET_MODELS", "DEFAULT_BUDGET_STATES", "Tracker", "Trial", "keras_model_variables",
            "keras_optimizer_slots", "keras_optimizer_variables",
            "keras_structural_optimizer_variables", "keras_structural_variables",
            "model_variables", "track", "variables_bytes"]
@@ -462,6 +463,7 @@ class Tracker(AssignTracker):
         message: str = "track",
         trust_versions: bool = True,
         resume: Optional[bool] = None,
+        memory_budget: Any = AUTO_BUDGET,
     ) -> None:
         self.variables = variables
         self.optimizer = optimizer
@@ -495,7 +497,7 @@ class Tracker(AssignTracker):
         if store is not None:
             self._adopt_names(store)
         super().__init__(store=store, message=message, trust_versions=trust_versions,
-                         resume=resume)
+                         resume=resume, memory_budget=memory_budget)
 
     # ---- the variables -----------------------------------------------------------------
 
@@ -735,10 +737,13 @@ def track(variables: Any, optimizer: Any = None, *,
     written to disk). With `path`: opens (or creates) the repository there; if it holds
     a history, its HEAD is assigned to the variables (resume), else their values are
     committed; call ``tracker.save()`` to write new versions. The store gets a memory
-    budget of ``DEFAULT_BUDGET_MODELS`` (4) times the bytes of `variables` (pass
-    ``store=`` to choose another). Other keyword arguments go to :class:`Tracker`."""
+    budget of ``DEFAULT_BUDGET_STATES`` (4) tracked states (the variables and the
+    optimizer's; it follows the state as the optimizer's is built), or ``memory_budget``
+    bytes (``None``: none; or pass ``store=``). Other keyword arguments go to
+    :class:`Tracker`. Raises ``CorruptObject`` when the repository's HEAD does not read."""
     if path is not None:
         if "store" in kwargs:
             raise TypeError("track() takes path= or store=, not both")
-        kwargs["store"] = tracker_store(path, variables_bytes(model_variables(variables)))
+        kwargs["store"] = tracker_store(path, variables_bytes(model_variables(variables)),
+                                        kwargs.pop("memory_budget", AUTO_BUDGET))
     return Tracker(variables, optimizer, **kwargs)
