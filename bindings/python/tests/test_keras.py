@@ -487,8 +487,12 @@ def test_a_history_saved_on_one_backend_opens_on_the_others(tmp_path):
     for b in others:
         out = str(tmp_path / f"{b}.npz")
         env = dict(os.environ, KERAS_BACKEND=b)
-        subprocess.run([sys.executable, "-c", CHILD, repo, out, os.path.dirname(__file__)],
-                       check=True, env=env)
+        # The child's output comes back in the failure message (with its exit status),
+        # and a child that hangs fails the test instead of the run.
+        r = subprocess.run([sys.executable, "-c", CHILD, repo, out, os.path.dirname(__file__)],
+                           env=env, capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0, (f"the {b} child exited {r.returncode}:\n"
+                                   f"{r.stdout[-2000:]}\n{r.stderr[-6000:]}")
         got = np.load(out)
         got = [got[f"arr_{i}"] for i in range(len(got.files))]
         assert len(got) == len(want)
