@@ -314,6 +314,47 @@ def test_variables_that_share_a_keras_path_are_numbered_in_order(cls, tmp_path):
         assert same(a, b)
 
 
+class Pair(keras.Model):
+    def __init__(self, first, second, **kw):
+        super().__init__(**kw)
+        self.first = first
+        self.second = second
+
+    def call(self, x):
+        return self.second(self.first(x))
+
+
+def test_two_models_of_the_same_names_are_tracked_as_one_model_that_holds_them(tmp_path):
+    """Two models built apart with the same names have the same paths: a list or dict of
+    them is refused with a TypeError that says what to track; a model holding both is
+    tracked, the second model's paths numbered."""
+    def net(seed):
+        keras.utils.set_random_seed(seed)
+        return keras.Sequential([keras.Input((3,)), keras.layers.Dense(3, name="hidden")],
+                                name="net")
+
+    a, b = net(0), net(1)
+    assert [v.path for v in a.variables] == [v.path for v in b.variables]
+    for several in ([a, b], {"a": a, "b": b}):
+        with pytest.raises(TypeError, match="one model"):
+            th.keras.track(several)
+        with pytest.raises(TypeError, match="one model"):
+            th.keras.track(several, path=tmp_path / "run")
+    assert list(tmp_path.iterdir()) == []  # refused before a repository is made
+    pair = Pair(a, b)
+    tr = th.keras.track(pair)
+    assert sorted(tr.store.names()) == sorted(
+        ["model/net/hidden/kernel", "model/net/hidden/bias",
+         "model/net/hidden/kernel#1", "model/net/hidden/bias#1"])
+    assert same(tr.store.get("model/net/hidden/kernel#1"), values(b.layers[0].kernel))
+    assert same(tr.store.get("model/net/hidden/kernel"), values(a.layers[0].kernel))
+    before = all_values(pair)
+    with tr.trial():
+        b.layers[0].kernel.assign(values(b.layers[0].kernel) * 3)
+    for x, y in zip(all_values(pair), before):
+        assert same(x, y)
+
+
 def test_optimizer_variables_that_share_a_keras_path_are_numbered_in_order():
     """Adafactor names its factored moments after the variable's name alone: the kernels'
     moments share ``adafactor/kernel``."""

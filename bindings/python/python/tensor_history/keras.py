@@ -70,7 +70,7 @@ from ._core import Store
 from ._errors import TrialError
 from ._tracker import AUTO_BUDGET, DEFAULT_BUDGET_MODELS, DEFAULT_BUDGET_STATES, Trial, tracker_store
 from .tf import Tracker as _TfTracker
-from .tf import keras_model_variables, variables_bytes
+from .tf import model_variables, variables_bytes
 
 __all__ = ["DEFAULT_BUDGET_MODELS", "DEFAULT_BUDGET_STATES", "Tracker", "Trial", "track"]
 
@@ -186,6 +186,6 @@ def track(model: Any, optimizer: Any = None, *,
     if path is not None:
         if "store" in kwargs:
             raise TypeError("track() takes path= or store=, not both")
-        kwargs["store"] = tracker_store(path, variables_bytes(keras_model_variables(model)),
+        kwargs["store"] = tracker_store(path, variables_bytes(model_variables(model)),
                                         kwargs.pop("memory_budget", AUTO_BUDGET))
     return Tracker(model, optimizer, **kwargs)

@@ -22,7 +22,9 @@ How it works, and what to know:
   of a ``tf.Module`` (found again at each commit, so variables created after tracking
   are picked up; names are their attribute paths, ``layers/0/w``), or every variable of
   a Keras model (``model.variables``, trainable and not), plus a Keras optimizer's
-  variables. Names in the store: ``model/<name>`` and ``optim/<name>``.
+  variables. Names in the store: ``model/<name>`` and ``optim/<name>``. Several models
+  are tracked as one model that holds them (a list or dict of models raises
+  ``TypeError``).
 - A Keras model's variables are named by their Keras paths (``variable.path``:
   ``model/sequential/hidden/kernel`` for a ``Dense`` layer named ``hidden``), its
   optimizer's by theirs (``optim/adam/iteration``,
@@ -386,17 +388,34 @@ def _match(live: Dict[str, tuple], stored: Dict[str, tuple]) -> Dict[str, str]:
     return {n: theirs[k] for k, n in by_key(live).items() if k in theirs and theirs[k] != n}
 
 
+def _variables_only(pairs: List[Tuple[str, Any]]) -> List[Tuple[str, Any]]:
+    """`pairs`, or ``TypeError`` naming an entry that is not a variable (a model)."""
+    for key, v in pairs:
+        if not (hasattr(v, "assign") and hasattr(v, "shape") and hasattr(v, "dtype")):
+            raise TypeError(
+                f"track() takes a list or dict of variables, and entry {key!r} is a "
+                f"{type(v).__name__}; to track several models, track one model that holds "
+                "them (a keras.Model or tf.Module with them as attributes)")
+    return pairs
+
+
 def model_variables(obj: Any) -> List[Tuple[str, Any]]:
     """(name, variable) of what ``track`` takes: a dict name -> variable, a Keras model
     (see :func:`keras_model_variables`), a list or tuple of ``tf.Variable``s (named by
     ``Variable.name``, or ``<index>/<name>`` when two share a name), one ``tf.Variable``,
-    or a ``tf.Module`` (by attribute paths)."""
+    or a ``tf.Module`` (by attribute paths).
+
+    A list or dict must hold variables: several models (whose variables could share
+    names: two Keras models of the same layer names have the same paths) raise
+    ``TypeError``; track one model that holds them (a ``keras.Model`` or ``tf.Module``
+    with them as attributes), whose repeated paths are numbered."""
     if isinstance(obj, dict):
-        return list(obj.items())
+        return _variables_only(list(obj.items()))
     if _is_keras(obj):
         return keras_model_variables(obj)
     tf = _tf()
     if isinstance(obj, (list, tuple)):
+        _variables_only([(str(i), v) for i, v in enumerate(obj)])
         names = [v.name.split(":")[0] for v in obj]
         if len(set(names)) != len(names):  # unnamed variables are all "Variable"
             names = [f"{i}/{n}" for i, n in enumerate(names)]
