@@ -881,7 +881,12 @@ class Tracker(Checkpoints):
                 return True
             live = self._np(n, entries[n])
             held = self.store.get(n)
-            if live.shape != held.shape or live.tobytes() != held.tobytes():
+            if live.shape != held.shape or live.dtype.itemsize != held.dtype.itemsize:
+                return True
+            # Bytes compared in place (no copies of a large table on every call).
+            if live.size and not np.array_equal(
+                    np.ascontiguousarray(live).reshape(-1).view(np.uint8),
+                    held.reshape(-1).view(np.uint8)):
                 return True
         saved = self._scalars_of(head) if head is not None else None
         if saved is not None and not self._same_scalars(self._scalars(copy=False), saved):
