@@ -61,7 +61,12 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 import numpy as np
-import torch
+
+try:
+    import torch
+except ImportError as _e:  # the module is torch's storage layer: nothing here works without it
+    raise ImportError("tensor_history.torch.dcp is a storage layer of torch.distributed."
+                      "checkpoint and needs torch: pip install torch") from _e
 from torch.distributed._shard._utils import narrow_tensor_by_index as _narrow
 from torch.distributed.checkpoint import StorageReader as _DcpReader
 from torch.distributed.checkpoint import StorageWriter as _DcpWriter
