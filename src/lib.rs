@@ -109,6 +109,32 @@
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;
 
+/// The code blocks of the user guide's pages (`docs/`) run as doctests, one struct per
+/// page that has Rust blocks.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/concepts.md")]
+struct ConceptsDoctests;
+
+#[cfg(doctest)]
+#[doc = include_str!("../docs/training-loop.md")]
+struct TrainingLoopDoctests;
+
+#[cfg(doctest)]
+#[doc = include_str!("../docs/branches.md")]
+struct BranchesDoctests;
+
+#[cfg(doctest)]
+#[doc = include_str!("../docs/dense-training.md")]
+struct DenseTrainingDoctests;
+
+#[cfg(doctest)]
+#[doc = include_str!("../docs/saving.md")]
+struct SavingDoctests;
+
+#[cfg(doctest)]
+#[doc = include_str!("../docs/object-storage.md")]
+struct ObjectStorageDoctests;
+
 mod budget;
 mod buffer;
 mod chunk;
