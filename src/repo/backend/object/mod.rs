@@ -431,8 +431,8 @@ fn install_tls_provider() {
 impl ObjectStoreBackend {
     /// The repository at an object-store URL, its client configured from the
     /// environment as `object_store`'s `from_env` builders do (`AWS_*`, `GOOGLE_*` or
-    /// `AZURE_*`; the README's "Object storage" section lists them). No request is sent.
-    /// O(1).
+    /// `AZURE_*`; `docs/object-storage.md`, "Configuration", lists them). No request is
+    /// sent. O(1).
     ///
     /// | URL | provider | feature |
     /// | --- | --- | --- |
