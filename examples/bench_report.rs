@@ -262,8 +262,8 @@ fn noise(t: usize, i: usize, step: usize) -> f32 {
 // version (the 50th, inside a delta chain) against HEAD (raw), decoded afresh each
 // run.
 /// The dense history of `memory_dense_100v`: the model, and a store with a budget of 3
-/// model sizes holding 101 dense versions (the background passes done, the budget
-/// enforced), with the ids of versions 1..=100.
+/// model sizes holding 101 dense versions, each tagged (the background passes done, the
+/// budget enforced), with the ids of versions 1..=100.
 ///
 /// With `saved`, the store is bound to a new repository there and every version is
 /// saved in the background as it is committed (a save still running when the next
@@ -286,7 +286,10 @@ fn dense_history(
         dense.data = Vec::new();
     }
     dense_step(&mut store, &dense, 0)?;
-    store.commit("v0")?;
+    let v0 = store.commit("v0")?;
+    // Every version is tagged: the budget then keeps all 101 (encoded), as this row
+    // measures, instead of letting the oldest go once the encoded history passes it.
+    store.tag("v0", v0)?;
     if let Some(dir) = saved {
         store.save_as(dir)?;
     }
@@ -294,7 +297,9 @@ fn dense_history(
     let mut pending = None;
     for step in 1..=100 {
         dense_step(&mut store, &dense, step)?;
-        ids.push(store.commit(&format!("v{step}"))?);
+        let id = store.commit(&format!("v{step}"))?;
+        store.tag(&format!("v{step}"), id)?;
+        ids.push(id);
         if saved.is_some() {
             // The previous save's outcome (it has ended: this call waits for it).
             let next = store.save_in_background()?;

@@ -68,7 +68,7 @@ pub struct Config {
     /// the held bytes (see [`Stats::held_bytes`](crate::Stats::held_bytes)) above the
     /// budget, a background thread encodes the chunks of the oldest versions that
     /// neither HEAD nor the working state holds: losslessly, in groups of a raw key
-    /// chunk and up to [`DELTA_SPAN`](crate::DELTA_SPAN) XOR deltas (against the same
+    /// chunk and up to [`DELTA_SPAN`](crate::DELTA_SPAN) difference deltas (against the same
     /// chunk of the parent version, or of the key every
     /// [`DELTA_ANCHOR_EVERY`](crate::DELTA_ANCHOR_EVERY) versions), so that reading a
     /// chunk decodes at most [`MAX_DELTA_CHAIN`](crate::MAX_DELTA_CHAIN) deltas (see

@@ -58,10 +58,11 @@ How it works, and what to know:
   ``with tensor_history.jax.track(state, path=...) as tracker:``, which closes the
   tracker (waiting for its checkpoint) at the end of the block.
 - The store ``track`` makes (in memory, or opened at ``path``) has a memory budget of
-  ``DEFAULT_BUDGET_STATES`` (4) times the tree's bytes (for a pytree, everything
-  tracked, optimizer state included; for an NNX module, its Variables without the
-  optimizer's): versions past it are kept encoded (lossless deltas, see
-  ``Store(memory_budget=...)``). Pass ``store=`` to choose another.
+  ``DEFAULT_BUDGET_STATES`` (4) tracked states, at least 64 MiB (for a pytree, the
+  whole tree, optimizer state included; for an NNX module, its and the optimizer's
+  Variables): versions past it are kept encoded (lossless deltas), and the oldest go
+  when those pass it (see ``Store(memory_budget=...)``). Pass ``memory_budget=`` (bytes
+  or ``None``) or ``store=`` to choose another.
 
 JAX and Flax are imported on first use; nothing here needs them at import time.
 """

@@ -43,7 +43,7 @@ sync, without a copy, and every variable is read by one traced call, as in
 ``tensor_history.tf``.
 
 The store ``track`` makes (in memory, or opened at ``path``) has a memory budget of
-``DEFAULT_BUDGET_MODELS`` (4) tracked states (the model's variables and the
+``DEFAULT_BUDGET_STATES`` (4) tracked states (the model's variables and the
 optimizer's), raised as the state grows; versions past it are kept encoded. Pass
 ``store=`` to choose another.
 

@@ -81,7 +81,7 @@ How it works, and what to know:
   variables changes): a commit or a trial costs a few microseconds per variable that
   did not change, where an eager read each costs tens.
 - The store ``track`` makes (in memory, or opened at ``path``) has a memory budget of
-  ``DEFAULT_BUDGET_MODELS`` (4) tracked states (the model's variables and the
+  ``DEFAULT_BUDGET_STATES`` (4) tracked states (the model's variables and the
   optimizer's), raised as the state grows: versions past it are kept encoded (lossless
   deltas, see ``Store(memory_budget=...)``). Pass ``store=`` to choose another.
 - Variables added after tracking (a Keras layer built later, a new attribute of a
@@ -433,7 +433,7 @@ def model_variables(obj: Any) -> List[Tuple[str, Any]]:
 def variables_bytes(pairs: List[Tuple[str, Any]]) -> int:
     """The bytes of the variables of `pairs` (each once), from their shapes and dtypes:
     what the default memory budget of a tracker is computed from (see
-    ``DEFAULT_BUDGET_MODELS``)."""
+    ``DEFAULT_BUDGET_STATES``)."""
     seen = set()
     total = 0
     for _, v in pairs:

@@ -116,7 +116,7 @@ SCALARS_KEY = "_torch.scalars"
 
 def model_bytes(model: Any) -> int:
     """The bytes of `model`'s state_dict tensors (what the default memory budget is
-    computed from; see ``DEFAULT_BUDGET_MODELS``)."""
+    computed from; see ``DEFAULT_BUDGET_STATES``)."""
     total = 0
     for v in model.state_dict().values():
         try:
