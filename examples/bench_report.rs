@@ -289,7 +289,7 @@ fn dense_history(
     let v0 = store.commit("v0")?;
     // Every version is tagged: the budget then keeps all 101 (encoded), as this row
     // measures, instead of letting the oldest go once the encoded history passes it.
-    store.tag("v0", v0)?;
+    store.tag("dense-0", v0)?;
     if let Some(dir) = saved {
         store.save_as(dir)?;
     }
@@ -298,7 +298,7 @@ fn dense_history(
     for step in 1..=100 {
         dense_step(&mut store, &dense, step)?;
         let id = store.commit(&format!("v{step}"))?;
-        store.tag(&format!("v{step}"), id)?;
+        store.tag(&format!("dense-{step}"), id)?;
         ids.push(id);
         if saved.is_some() {
             // The previous save's outcome (it has ended: this call waits for it).
