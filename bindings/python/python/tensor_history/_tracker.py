@@ -20,7 +20,7 @@ import math
 import os
 import warnings
 import weakref
-from typing import Any, Dict, Iterator, List, Optional, Tuple, TypeVar, Union
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, TypeVar, Union
 
 import numpy as np
 
@@ -110,14 +110,16 @@ def tracker_store(path: Union[str, "os.PathLike[str]", None], model_bytes: int,
     return store
 
 
-def follow_budget(store: Store, state_bytes: int) -> None:
+def follow_budget(store: Store, state_bytes: Callable[[], int]) -> None:
     """Raise the budget of a store :func:`tracker_store` made to
-    ``DEFAULT_BUDGET_STATES`` times `state_bytes` (the bytes the tracker tracks now)
+    ``DEFAULT_BUDGET_STATES`` times ``state_bytes()`` (the bytes the tracker tracks now)
     when that is more: an optimizer's state appears at its first step. Other stores'
-    budgets are the caller's and stay as they are. O(1)."""
+    budgets are the caller's and stay as they are, and `state_bytes` is not called for
+    them (a commit with a budget of the caller's does not count its tensors). O(1) plus
+    `state_bytes`."""
     if store not in _AUTO_BUDGET:
         return
-    want = default_budget(state_bytes)
+    want = default_budget(state_bytes())
     have = store.memory_budget
     if want is not None and (have is None or want > have):
         store.memory_budget = want
@@ -646,7 +648,7 @@ class Tracker(Checkpoints):
         self.store.sync(arrays)
         for n in gone:
             self.store.remove(n)
-        follow_budget(self.store, sum(self._nbytes(t) for t in entries.values()))
+        follow_budget(self.store, lambda: sum(self._nbytes(t) for t in entries.values()))
         if later:
             v = self.store.commit_later(later, self._check_pending, message, **meta)
             self._bg_pending = {n: tokens[n] for n in later}
