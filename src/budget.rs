@@ -716,7 +716,7 @@ mod tests {
     use crate::retention::Retention;
 
     /// A store with `config` whose budget encodes but lets no version go: these tests
-    /// are of the encoding (the versions the budget lets go are `tests/memory_budget.rs`'s).
+    /// are of the encoding (the versions the budget lets go are `tests/integration/memory_budget.rs`'s).
     fn encoding_store(config: Config) -> Store {
         let mut s = Store::with_config(config).unwrap();
         s.budget_keeps_versions = true;

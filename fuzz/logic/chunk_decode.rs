@@ -10,7 +10,7 @@
 //! delta against a base derived from it) and must decode to itself, also after the
 //! encoded form is cut at a point the next input byte picks.
 //! Shared by the cargo-fuzz target
-//! and `tests/fuzz_replay.rs`.
+//! and `tests/oracles/fuzz_replay.rs`.
 
 use tensor_history::codec::{decode, encode_with, CodecError, Delta, Header};
 use tensor_history::ContentHash;

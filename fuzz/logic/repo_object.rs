@@ -5,7 +5,7 @@
 //!
 //! The first input byte picks the object kind; with its high bit set the input is sealed
 //! with a valid BLAKE3 trailer, so the fuzzer reaches the body parsers behind the
-//! checksum. Shared by the cargo-fuzz target and `tests/fuzz_replay.rs`.
+//! checksum. Shared by the cargo-fuzz target and `tests/oracles/fuzz_replay.rs`.
 
 use tensor_history::{parse_object, Error};
 

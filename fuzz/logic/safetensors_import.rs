@@ -2,7 +2,7 @@
 //! or exactly the tensors the reference parser reads, which export back to a file the
 //! reference parser reads the same.
 //!
-//! Shared by the cargo-fuzz target and the corpus replay in `tests/fuzz_replay.rs`.
+//! Shared by the cargo-fuzz target and the corpus replay in `tests/oracles/fuzz_replay.rs`.
 
 use std::path::PathBuf;
 use std::sync::OnceLock;

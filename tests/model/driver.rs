@@ -1,8 +1,8 @@
 //! The driver of the model-based tests: operations on the version history, applied to a
 //! [`Store`] and to the deep-copy [`Model`] and compared after every step. Used by the
-//! property tests (`tests/history_model.rs`, which generate operations with proptest), by
+//! property tests (`tests/oracles/history_model.rs`, which generate operations with proptest), by
 //! the fuzz target `fuzz/fuzz_targets/store_actions.rs` (which decodes them from bytes
-//! with `arbitrary`) and by the replay of its corpus (`tests/fuzz_replay.rs`).
+//! with `arbitrary`) and by the replay of its corpus (`tests/oracles/fuzz_replay.rs`).
 
 use arbitrary::Arbitrary;
 use ndarray::ArrayD;
