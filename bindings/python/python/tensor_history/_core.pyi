@@ -16,6 +16,7 @@ Targets = Union[Mapping[str, np.ndarray], Sequence[tuple[str, np.ndarray]]]
 Inputs = Union[Mapping[str, ArrayIn], Sequence[tuple[str, ArrayIn]]]
 
 DEFAULT_CHUNK_BYTES: int
+"""The largest chunk in bytes of a store made without `chunk_bytes` (256 KiB)."""
 
 class Version:
     """A version of the history (`v12`): hashable, ordered, usable wherever a ref is taken.
@@ -679,9 +680,7 @@ class Store:
                 shares with the target are skipped without being read
 
         Raises:
-            UnknownRef: see above
-            UnknownVersion: see above
-            PrunedVersion: `ref` names nothing live
+            UnknownRef, UnknownVersion, PrunedVersion: `ref` names nothing live
             UncommittedChanges: the working state differs from HEAD
             ShapeMismatch, DTypeMismatch: an array of `into` does not fit its
                 variable (nothing is written)
