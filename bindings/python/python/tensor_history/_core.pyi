@@ -422,6 +422,7 @@ class Store:
     def save(self, *, background: Literal[False] = False) -> SaveStats: ...
     @overload
     def save(self, *, background: Literal[True]) -> PendingSave: ...
+    @overload
     def save(self, *, background: bool = False) -> SaveStats | PendingSave:
         """Write every version a branch, tag or HEAD reaches that the repository lacks (only
         the chunks it lacks), then move the refs; crash-safe. Uncommitted changes are not
