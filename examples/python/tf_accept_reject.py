@@ -19,12 +19,14 @@ import argparse
 import os
 import sys
 import time
+from typing import Any
 
 for k, v in {"TF_CPP_MIN_LOG_LEVEL": "2", "TF_NUM_INTEROP_THREADS": "1",
              "TF_NUM_INTRAOP_THREADS": "1"}.items():
     os.environ.setdefault(k, v)
 
 import numpy as np  # noqa: E402
+import numpy.typing as npt  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import tensor_history as th  # noqa: E402
@@ -49,7 +51,8 @@ def seed_question() -> None:
     print()
 
 
-def spirals(n: int, rng: np.random.Generator) -> tuple:
+def spirals(n: int, rng: np.random.Generator) -> tuple[npt.NDArray[np.float32],
+                                                       npt.NDArray[np.int32]]:
     t = rng.uniform(0.25, 3.0, n) * np.pi
     k = rng.integers(0, 2, n)
     r = t / (3 * np.pi)
@@ -58,7 +61,7 @@ def spirals(n: int, rng: np.random.Generator) -> tuple:
     return x.astype(np.float32), k.astype(np.int32)
 
 
-def build(hidden: int, seed: int):
+def build(hidden: int, seed: int) -> tuple[Any, Any]:
     keras.utils.set_random_seed(seed)
     model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(hidden, activation="tanh"),
                               keras.layers.Dense(hidden, activation="tanh"),
@@ -68,21 +71,24 @@ def build(hidden: int, seed: int):
     return model, opt
 
 
-def run(kind: str, hidden: int, steps: int, seed: int, data: dict) -> dict:
+def run(kind: str, hidden: int, steps: int, seed: int, data: dict[str, Any]) -> dict[str, Any]:
     model, opt = build(hidden, seed)
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
-    @tf.function
-    def train(x, y):
+    def train_steps(x: Any, y: Any) -> None:
         for i in range(4):
             with tf.GradientTape() as tape:
                 loss = loss_fn(y[i], model(x[i], training=True))
             grads = tape.gradient(loss, model.trainable_variables)
             opt.apply(grads, model.trainable_variables)
 
-    @tf.function
-    def held_out():
+    def held_out_loss() -> Any:
         return loss_fn(data["yv"], model(data["xv"]))
+
+    # tf.function as a call, not a decorator: TensorFlow has no type information, and
+    # mypy --strict refuses untyped decorators.
+    train = tf.function(train_steps)
+    held_out = tf.function(held_out_loss)
 
     variables = list(model.variables) + list(opt.variables)
     tracker = th.tf.track(model, opt) if kind == "store" else None
@@ -109,6 +115,7 @@ def run(kind: str, hidden: int, steps: int, seed: int, data: dict) -> dict:
                     v.assign(a)
                 t_restore += time.perf_counter() - t0
         else:
+            assert tracker is not None
             t0 = time.perf_counter()
             with tracker.trial("step") as t:
                 t1 = time.perf_counter()
@@ -123,7 +130,7 @@ def run(kind: str, hidden: int, steps: int, seed: int, data: dict) -> dict:
             t_snap += (t1 - t0) + (t3 - t2)
             t_restore += time.perf_counter() - t3
     logits = model(data["xt"]).numpy()
-    out = {"loss": best, "acc": float((logits.argmax(1) == data["yt"]).mean()),
+    out: dict[str, Any] = {"loss": best, "acc": float((logits.argmax(1) == data["yt"]).mean()),
            "accepted": accepted, "snap": t_snap, "restore": t_restore, "train": t_train,
            "weights": [v.numpy() for v in variables]}
     if tracker is not None:

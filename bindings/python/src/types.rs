@@ -132,17 +132,35 @@ impl PyWriteStats {
 #[pyclass(frozen, get_all, module = "tensor_history", name = "Stats")]
 #[derive(Clone, Debug)]
 pub(crate) struct PyStats {
+    /// Live versions.
     versions: usize,
+    /// Variables in the working state.
     variables: usize,
+    /// Distinct chunks held by the working state and every live version.
     unique_chunks: usize,
+    /// Bytes of those chunks: the tensor data actually held (raw size).
     unique_bytes: usize,
+    /// What one deep copy of every live version would hold, plus one of the working state
+    /// when it has uncommitted changes.
     logical_bytes: usize,
+    /// `logical_bytes / unique_bytes` (1.0 when nothing is held).
     sharing_ratio: f64,
+    /// Freed chunk buffers kept for reuse (not counted in `unique_bytes`).
     pooled_bytes: usize,
+    /// Memory the chunks' buffers hold: raw chunks on the heap, the encoded forms of
+    /// chunks held encoded and what they keep alive. Chunks in a repository count
+    /// nothing. This is what `memory_budget` bounds.
     held_bytes: usize,
+    /// Of `unique_bytes`, the raw bytes of chunks held encoded in memory.
     encoded_bytes: usize,
+    /// Memory the encoded chunks hold (part of `held_bytes`); `encoded_bytes /
+    /// encoded_held_bytes` is what encoding saves.
     encoded_held_bytes: usize,
+    /// Of `unique_bytes`, the raw bytes of chunks that live in a repository (read from
+    /// it on use, not on the heap).
     stored_bytes: usize,
+    /// Bytes the chunks of `stored_bytes` take in the repository's packs (byte planes,
+    /// deltas); `stored_bytes / stored_pack_bytes` is what the repository's encoding saves.
     stored_pack_bytes: usize,
 }
 
@@ -190,9 +208,13 @@ impl PyStats {
 #[pyclass(frozen, get_all, module = "tensor_history", name = "PruneStats")]
 #[derive(Clone, Debug)]
 pub(crate) struct PyPruneStats {
+    /// The versions dropped, oldest first.
     dropped: Vec<PyVersion>,
+    /// Live versions left.
     kept: usize,
+    /// Unique chunk bytes held before pruning (`Stats.unique_bytes`).
     bytes_before: usize,
+    /// Unique chunk bytes held after pruning.
     bytes_after: usize,
 }
 

@@ -15,6 +15,12 @@ class TensorHistoryError(Exception):
     """Base class of every error raised by tensor_history."""
 
     def __init__(self, message: str = "", /, **attrs: Any) -> None:
+        """Make the error (the package raises them; user code rarely needs to).
+
+        Args:
+            message: what ``str(error)`` returns.
+            **attrs: the error's fields, set as attributes (``name``, ``expected``, ...).
+        """
         super().__init__(message)
         for key, value in attrs.items():
             setattr(self, key, value)

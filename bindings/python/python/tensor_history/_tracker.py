@@ -141,7 +141,15 @@ class NotJson(Exception):
 
 
 class Trial:
-    """A tentative change of the model (see :meth:`Tracker.trial`)."""
+    """A tentative change of the model: a ``with`` block whose changes are kept only if
+    :meth:`keep` is called, else reverted in place on exit.
+
+    Made by :meth:`Tracker.trial`, not constructed directly.
+
+    Args:
+        tracker: the tracker whose model and optimizer the trial changes.
+        message: the message of the version ``keep()`` commits.
+    """
 
     def __init__(self, tracker: "Tracker", message: str) -> None:
         self._tracker = tracker
@@ -152,6 +160,13 @@ class Trial:
 
     def keep(self, message: Optional[str] = None, **metadata: Any) -> Version:
         """Commit the model and optimizer as they are now (copies changed chunks only).
+
+        Args:
+            message: the commit message (default: the trial's).
+            **metadata: the version's metadata (bool, int, float or str values).
+
+        Returns:
+            The version committed.
 
         Changes made after ``keep()`` inside the same ``with`` block are reverted on exit
         unless ``keep()`` is called again. Raises ``TrialError`` outside the ``with``
@@ -389,7 +404,23 @@ class Checkpoints:
 
 class Tracker(Checkpoints):
     """History of a model's tensors and an optimizer's state in a :class:`Store`, written
-    back in place. Framework modules subclass it; see ``tensor_history.torch``."""
+    back in place. Framework modules subclass it; see ``tensor_history.torch``.
+
+    Args:
+        store: the :class:`Store` to keep the history in (default: a new in-memory
+            store with the default memory budget, see ``memory_budget``).
+        message: the message of the first commit (when the tracker does not resume).
+        trust_versions: skip, without comparing, tensors whose identity token (version
+            counter, buffer) is unchanged since the last sync (default); ``False``
+            compares every tensor's bytes.
+        resume: put the store's HEAD into the model and optimizer instead of committing
+            (default: when HEAD holds a model, as after ``Store.open``).
+        copy_in_background: copy a kept step's tensors on another thread (see
+            ``Store.commit_later``); the next call waits for the copy.
+        memory_budget: bytes of history the store the tracker makes may hold in memory
+            (default: ``DEFAULT_BUDGET_STATES`` tracked states; ``None``: no budget). Not
+            with ``store=``: set ``Store(memory_budget=...)`` there.
+    """
 
     #: Store-name prefixes this tracker owns (other names are the user's).
     PREFIXES: Tuple[str, ...] = ("model/", "optim/")
@@ -861,7 +892,15 @@ class Tracker(Checkpoints):
     def commit(self, message: str = "", **metadata: Any) -> Version:
         """Commit the model and optimizer: compares (or, by identity tokens, skips) each
         tensor, copies changed chunks only, then an O(1) commit. Raises a checkpoint's
-        error before it commits anything (see :meth:`checkpoint_every`)."""
+        error before it commits anything (see :meth:`checkpoint_every`).
+
+        Args:
+            message: the commit message.
+            **metadata: the version's metadata (bool, int, float or str values).
+
+        Returns:
+            The version committed.
+        """
         self._check_idle("commit")
         self._checkpoint_outcome()
         v = self._commit(message, metadata)
@@ -940,7 +979,14 @@ class Tracker(Checkpoints):
         return target
 
     def trial(self, message: str = "trial") -> Trial:
-        """A ``with`` block whose changes are kept only if ``keep()`` is called."""
+        """A ``with`` block whose changes are kept only if ``keep()`` is called.
+
+        Args:
+            message: the message of the version ``keep()`` commits.
+
+        Returns:
+            A :class:`Trial` to enter with ``with``.
+        """
         return Trial(self, message)
 
     def log(self) -> list:

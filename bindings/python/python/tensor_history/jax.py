@@ -181,7 +181,15 @@ class FunctionalTrial:
     tree after the ``with`` block, or the entry tree. Leaves of it that a donating step
     deleted, and NumPy leaves written in place since (the entry tree's during the
     trial, the kept tree's after ``keep()``), are new arrays holding the version's
-    values; the other leaves are the tree's own objects."""
+    values; the other leaves are the tree's own objects.
+
+    Made by :meth:`Tracker.trial`, not constructed directly.
+
+    Args:
+        tracker: the pytree tracker the trial commits to.
+        tree: the tree at entry: what ``result`` is unless ``keep()`` is called.
+        message: the message of the version ``keep()`` commits.
+    """
 
     def __init__(self, tracker: "Tracker", tree: Any, message: str) -> None:
         self._tracker = tracker
@@ -196,6 +204,14 @@ class FunctionalTrial:
         """Commit `tree` (changed chunks only); it becomes :attr:`result`. NumPy leaves
         written in place after ``keep()`` get the kept values back on exit (in new
         arrays), unless ``keep()`` is called again.
+
+        Args:
+            tree: the tree to commit (the same structure as the tracker's).
+            message: the commit message (default: the trial's).
+            **metadata: the version's metadata (bool, int, float or str values).
+
+        Returns:
+            The version committed.
 
         Raises ``TrialError`` outside the ``with`` block, and the error of a checkpoint
         (see :meth:`Tracker.checkpoint_every`) before it commits anything: then nothing
@@ -249,6 +265,22 @@ class Tracker(Checkpoints):
     Saving is that of every tracker: :meth:`save` (``background=True`` for a
     :class:`PendingSave`), :meth:`checkpoint_every`, :meth:`close`, and ``with
     track(tree, path=...) as tracker:``, which closes it at the end of the block.
+    Usually made by :func:`track`.
+
+    Args:
+        tree: the pytree to track (JAX or NumPy arrays as leaves).
+        store: the :class:`Store` to keep the history in (default: a new in-memory
+            store with the default memory budget, see ``memory_budget``).
+        message: the message of the first commit (when the tracker does not resume).
+        resume: put the store's HEAD into `state` (in the structure of `tree`) instead
+            of committing (default: when HEAD holds a model, as after ``Store.open``).
+        memory_budget: bytes of history the store the tracker makes may hold in memory
+            (default: ``DEFAULT_BUDGET_STATES`` tracked states; ``None``: no budget). Not
+            with ``store=``: set ``Store(memory_budget=...)`` there.
+
+    Raises:
+        TrialError: ``resume=True`` and the store holds no model.
+        TypeError: ``memory_budget`` together with ``store``.
     """
 
     def __init__(self, tree: Any, *, store: Optional[Store] = None, message: str = "track",
@@ -401,7 +433,16 @@ class Tracker(Checkpoints):
         """Commit `tree`: leaves that are the immutable arrays of the last sync are
         skipped without reading them, others (NumPy leaves always: they may have been
         written in place) compared chunk by chunk; then an O(1) commit. Raises a
-        checkpoint's error before it commits anything (see :meth:`checkpoint_every`)."""
+        checkpoint's error before it commits anything (see :meth:`checkpoint_every`).
+
+        Args:
+            tree: the tree to commit; it becomes :attr:`state`.
+            message: the commit message.
+            **metadata: the version's metadata (bool, int, float or str values).
+
+        Returns:
+            The version committed.
+        """
         self._check_idle("commit")
         self._checkpoint_outcome()
         v = self._commit(tree, message, metadata)
@@ -418,7 +459,11 @@ class Tracker(Checkpoints):
         return self._move(target, like, lambda: self.store.restore(target))
 
     def undo(self, like: Any = None) -> Any:
-        """The tree of HEAD's parent; HEAD moves there (``NothingToUndo`` at the root)."""
+        """The tree of HEAD's parent; HEAD moves there (``NothingToUndo`` at the root).
+
+        Args:
+            like: the tree whose structure the result takes (default: :attr:`state`).
+        """
         self._check_idle("undo")
         head = self.store.head()
         parent = self.store.parent(head) if head is not None else None
@@ -427,7 +472,11 @@ class Tracker(Checkpoints):
         return self._move(parent, like, self.store.undo)
 
     def redo(self, like: Any = None) -> Any:
-        """The tree of the version the last undo came from; HEAD moves there."""
+        """The tree of the version the last undo came from; HEAD moves there.
+
+        Args:
+            like: the tree whose structure the result takes (default: :attr:`state`).
+        """
         self._check_idle("redo")
         v = self.store.redo()
         self.store.undo()  # undo right after redo cannot fail
@@ -439,7 +488,12 @@ class Tracker(Checkpoints):
         self.store.branch(name, at)
 
     def checkout(self, name: str, like: Any = None) -> Any:
-        """The tree of branch (or tag) `name`; HEAD moves there, later commits extend it."""
+        """The tree of branch (or tag) `name`; HEAD moves there, later commits extend it.
+
+        Args:
+            name: the branch or tag.
+            like: the tree whose structure the result takes (default: :attr:`state`).
+        """
         self._check_idle("checkout")
         target = self.store.resolve(name)
         return self._move(target, like, lambda: self.store.checkout(name))
@@ -451,13 +505,24 @@ class Tracker(Checkpoints):
 
     def trial(self, tree: Any, message: str = "trial") -> FunctionalTrial:
         """``with tracker.trial(state) as t: state2 = step(state); t.keep(state2)``; after
-        the block ``t.result`` is the kept tree or `state`."""
+        the block ``t.result`` is the kept tree or `state`.
+
+        Args:
+            tree: the tree at entry (``t.result`` unless ``keep()`` is called).
+            message: the message of the version ``keep()`` commits.
+
+        Returns:
+            A :class:`FunctionalTrial` to enter with ``with``.
+        """
         return FunctionalTrial(self, tree, message)
 
     def log(self) -> list:
+        """The store's log from HEAD (see :meth:`Store.log`)."""
         return self.store.log()
 
     def stats(self) -> Any:
+        """Bytes held against what deep copies of every version would hold (see
+        :meth:`Store.stats`)."""
         return self.store.stats()
 
 
@@ -473,7 +538,29 @@ def _plain(key: str, v: Any) -> Any:
 
 class NnxTracker(AssignTracker):
     """History of a Flax NNX module's ``nnx.Variable``s (and an ``nnx.Optimizer``'s) in a
-    :class:`Store`, restored in place by setting each changed Variable's value."""
+    :class:`Store`, restored in place by setting each changed Variable's value. Usually
+    made by :func:`track`.
+
+    Args:
+        model: the ``nnx.Module`` whose Variables are tracked.
+        optimizer: an ``nnx.Optimizer`` whose state is tracked too (``None``: the model
+            only).
+        store: the :class:`Store` to keep the history in (default: a new in-memory
+            store with the default memory budget, see ``memory_budget``).
+        message: the message of the first commit (when the tracker does not resume).
+        trust_versions: skip, without comparing, tensors whose identity token (version
+            counter, buffer) is unchanged since the last sync (default); ``False``
+            compares every tensor's bytes.
+        resume: put the store's HEAD into the module and optimizer instead of committing
+            (default: when HEAD holds a model, as after ``Store.open``).
+        memory_budget: bytes of history the store the tracker makes may hold in memory
+            (default: ``DEFAULT_BUDGET_STATES`` tracked states; ``None``: no budget). Not
+            with ``store=``: set ``Store(memory_budget=...)`` there.
+
+    Raises:
+        TrialError: ``resume=True`` and the store holds no model.
+        TypeError: ``memory_budget`` together with ``store``.
+    """
 
     SCALARS_KEY = "_nnx.scalars"
 
@@ -538,8 +625,9 @@ class NnxTracker(AssignTracker):
 
 
 def nnx_model_bytes(model: Any) -> int:
-    """The bytes of a Flax NNX module's ``nnx.Variable`` values (without an optimizer's):
-    what the default memory budget of an :class:`NnxTracker` is computed from."""
+    """The bytes of the ``nnx.Variable`` values of `model`, a Flax NNX module (without
+    an optimizer's): what the default memory budget of an :class:`NnxTracker` is
+    computed from."""
     return sum(tree_bytes(var.get_value()) for _, var in NnxTracker._variables(model))
 
 
@@ -547,6 +635,14 @@ def track(tree_or_model: Any, optimizer: Any = None, *,
           path: Union[str, "os.PathLike[str]", None] = None, **kwargs: Any) -> Any:
     """Start tracking a pytree (returns a functional :class:`Tracker`) or a Flax NNX
     module and optimizer (returns an in-place :class:`NnxTracker`).
+
+    Args:
+        tree_or_model: a pytree, or an ``nnx.Module``.
+        optimizer: an ``nnx.Optimizer`` (NNX only: a pytree's optimizer state is part
+            of the tree).
+        path: a repository's directory or URL to open (or create) and resume from.
+        **kwargs: passed to the tracker (``store``, ``message``, ``resume``,
+            ``memory_budget``, ...).
 
     Without `path`: commits the current state in a new in-memory store. With `path`:
     opens (or creates) the repository there; if it holds a history, its HEAD becomes the

@@ -84,7 +84,30 @@ def backend() -> str:
 
 class Tracker(_TfTracker):
     """History of a Keras model's variables and its optimizer's in a :class:`Store`,
-    restored with ``assign``, on the backend Keras runs on."""
+    restored with ``assign``, on the backend Keras runs on. Usually made by
+    :func:`track`.
+
+    Args:
+        model: the ``keras.Model`` whose variables are tracked.
+        optimizer: a Keras optimizer whose variables and hyper-parameters are tracked
+            too (``None``: the model only).
+        store: the :class:`Store` to keep the history in (default: a new in-memory
+            store with the default memory budget, see ``memory_budget``).
+        message: the message of the first commit (when the tracker does not resume).
+        trust_versions: skip, without comparing, tensors whose identity token (version
+            counter, buffer) is unchanged since the last sync (default); ``False``
+            compares every tensor's bytes.
+        resume: put the store's HEAD into the model and optimizer instead of committing
+            (default: when HEAD holds a model, as after ``Store.open``).
+        memory_budget: bytes of history the store the tracker makes may hold in memory
+            (default: ``DEFAULT_BUDGET_STATES`` tracked states; ``None``: no budget). Not
+            with ``store=``: set ``Store(memory_budget=...)`` there.
+
+    Raises:
+        TrialError: ``resume=True`` and the store holds no model.
+        TypeError: ``memory_budget`` together with ``store``.
+        TrialError: Keras runs on a backend other than tensorflow, jax or torch.
+    """
 
     SCALARS_KEY = "_keras.scalars"
 
@@ -101,6 +124,7 @@ class Tracker(_TfTracker):
 
     @property
     def model(self) -> Any:
+        """The tracked ``keras.Model``."""
         return self.variables
 
     def _trainable(self) -> List[Any]:

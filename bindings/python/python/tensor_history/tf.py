@@ -297,7 +297,8 @@ def keras_structural_optimizer_variables(optimizer: Any, trainable: List[Any],
                                          model_names: Dict[int, str]) -> List[Tuple[str, Any]]:
     """(name, variable) of a Keras optimizer's variables by the structural names earlier
     versions stored them under (`model_names`: id(variable) -> the structural names of
-    :func:`keras_structural_variables`); kept to read the histories they wrote.
+    :func:`keras_structural_variables`; `trainable`: the model's trainable variables,
+    which the optimizer's slots follow); kept to read the histories they wrote.
 
     A slot of a model variable is ``<the variable's name>/<slot>`` (``dense/kernel/
     momentum``), others ``<position>/<name>`` (``0/iteration``)."""
@@ -400,8 +401,8 @@ def _variables_only(pairs: List[Tuple[str, Any]]) -> List[Tuple[str, Any]]:
 
 
 def model_variables(obj: Any) -> List[Tuple[str, Any]]:
-    """(name, variable) of what ``track`` takes: a dict name -> variable, a Keras model
-    (see :func:`keras_model_variables`), a list or tuple of ``tf.Variable``s (named by
+    """(name, variable) of `obj`, what ``track`` takes: a dict name -> variable, a Keras
+    model (see :func:`keras_model_variables`), a list or tuple of ``tf.Variable``s (named by
     ``Variable.name``, or ``<index>/<name>`` when two share a name), one ``tf.Variable``,
     or a ``tf.Module`` (by attribute paths).
 
@@ -461,14 +462,33 @@ class Tracker(AssignTracker):
     """History of TensorFlow variables (a list, a dict, a ``tf.Module`` or a Keras model)
     and a Keras optimizer's variables in a :class:`Store`, restored with ``assign``.
 
-    ``resume``: put the store's HEAD into the variables instead of committing them
-    (default: when the store's HEAD holds a model, as after ``Store.open``).
-
     A Keras model's variables are named by Keras path (:func:`keras_model_variables`),
     unless the store's HEAD holds the model under other names: the structural names
     of earlier versions (:func:`keras_structural_variables`), or the paths of the same
     architecture numbered otherwise by Keras' counters; the tracker then names the
-    variables as the history does (see :meth:`_adopt_names`).
+    variables as the history does (see :meth:`_adopt_names`). Usually made by
+    :func:`track`.
+
+    Args:
+        variables: what is tracked: a list or dict of ``tf.Variable``s, one variable, a
+            ``tf.Module`` or a Keras model (see :func:`model_variables`).
+        optimizer: a Keras optimizer whose variables and hyper-parameters are tracked
+            too (``None``: the variables only).
+        store: the :class:`Store` to keep the history in (default: a new in-memory
+            store with the default memory budget, see ``memory_budget``).
+        message: the message of the first commit (when the tracker does not resume).
+        trust_versions: skip, without comparing, tensors whose identity token (version
+            counter, buffer) is unchanged since the last sync (default); ``False``
+            compares every tensor's bytes.
+        resume: put the store's HEAD into the variables instead of committing (default:
+            when HEAD holds a model, as after ``Store.open``).
+        memory_budget: bytes of history the store the tracker makes may hold in memory
+            (default: ``DEFAULT_BUDGET_STATES`` tracked states; ``None``: no budget). Not
+            with ``store=``: set ``Store(memory_budget=...)`` there.
+
+    Raises:
+        TrialError: ``resume=True`` and the store holds no model.
+        TypeError: ``memory_budget`` together with ``store``.
     """
 
     SCALARS_KEY = "_tf.scalars"

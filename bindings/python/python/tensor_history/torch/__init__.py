@@ -141,9 +141,31 @@ class Tracker(_Tracker):
     """History of a model's state_dict and an optimizer's state in a :class:`Store`.
 
     Names in the store: ``model/<state_dict key>`` and ``optim/<param index>/<key>``;
-    other names are left alone. ``resume``: put the store's HEAD into the model and
-    optimizer instead of committing them (default: when the store's HEAD holds a model,
-    as after ``Store.open``).
+    other names are left alone. Usually made by :func:`track`.
+
+    Args:
+        model: the ``torch.nn.Module`` whose ``state_dict()`` is tracked.
+        optimizer: a ``torch.optim.Optimizer`` whose state and hyper-parameters are
+            tracked too (``None``: the model only).
+        store: the :class:`Store` to keep the history in (default: a new in-memory
+            store with the default memory budget, see ``memory_budget``).
+        message: the message of the first commit (when the tracker does not resume).
+        trust_versions: skip, without comparing, tensors whose identity token (version
+            counter, buffer) is unchanged since the last sync (default); ``False``
+            compares every tensor's bytes.
+        resume: put the store's HEAD into the model and optimizer instead of committing
+            (default: when HEAD holds a model, as after ``Store.open``).
+        copy_in_background: make ``keep()`` and ``commit()`` return at once and copy
+            the changed tensors on another thread; the optimizer's next ``step()``
+            waits for the copy (needs an optimizer).
+        memory_budget: bytes of history the store the tracker makes may hold in memory
+            (default: ``DEFAULT_BUDGET_STATES`` tracked states; ``None``: no budget). Not
+            with ``store=``: set ``Store(memory_budget=...)`` there.
+
+    Raises:
+        TrialError: ``resume=True`` and the store holds no model.
+        TypeError: ``memory_budget`` together with ``store``.
+        TypeError: ``copy_in_background=True`` without an optimizer.
     """
 
     SCALARS_KEY = SCALARS_KEY

@@ -334,6 +334,12 @@ class StorageWriter(_DcpWriter):
         self._repo: Optional[Store] = None  # the coordinator's, kept from save to save
 
     def reset(self, checkpoint_id=None) -> None:
+        """DCP's call at the start of each save (not for user code).
+
+        Args:
+            checkpoint_id: where to save this time (``dcp.save(checkpoint_id=...)``);
+                ``None`` keeps ``location``.
+        """
         if checkpoint_id and _location(checkpoint_id) != self.location:
             self.location = _location(checkpoint_id)
             self._store = None
@@ -344,15 +350,28 @@ class StorageWriter(_DcpWriter):
         self.save_id = uuid.uuid4().hex
 
     def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        """DCP's call on every rank before a save; checks ``branch`` (not for user code).
+
+        Args:
+            is_coordinator: whether this rank commits the version (in ``finish``).
+        """
         # Every rank, before any I/O: a branch set after construction fails every rank.
         _check_branch(self.branch)
         self.is_coordinator = is_coordinator
         self.rank = kwargs.get("rank")
 
     def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
+        """DCP's call on every rank: `plan` is returned as it is (not for user code)."""
         return plan
 
     def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
+        """DCP's call on the coordinator: opens (or creates) the repository and refuses a
+        ``branch`` that is a tag there; `plans` are returned as they are (not for user
+        code).
+
+        Raises:
+            WrongRefKind: ``branch`` is a tag of the repository.
+        """
         # The coordinator, before any rank's write_data: open the repository, creating
         # it if it is absent, so that the ranks do not all create it at once. (Creation
         # by concurrent writers is not safe on an object store: a writer that finds no
@@ -371,6 +390,9 @@ class StorageWriter(_DcpWriter):
         return plans
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
+        """DCP's call on every rank: write the items of `plan` (resolved by `planner`) as
+        this rank's part of the version (only the chunks the repository lacks). Not for
+        user code."""
         # The rank's items of the last save stay in this writer's store: an item written
         # again keeps its unchanged chunks (and their hashes), so only changed chunks are
         # copied and hashed. A failed write starts from an empty store next time.
@@ -420,6 +442,14 @@ class StorageWriter(_DcpWriter):
         return fut
 
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
+        """DCP's call on the coordinator once every rank's part is durable: write
+        `metadata` and commit one version naming the items of every rank's `results`
+        onto ``branch``, then save it (not for user code).
+
+        Raises:
+            BranchMoved: another save moved ``branch`` meanwhile.
+            WrongRefKind: ``branch`` became a tag meanwhile.
+        """
         storage_md = {}
         items = []
         for wr_list in results:
@@ -459,6 +489,7 @@ class StorageWriter(_DcpWriter):
                            "finish.save": time.perf_counter() - t3})
 
     def storage_meta(self) -> Optional[StorageMeta]:
+        """The save's ``StorageMeta`` (location and save id), for DCP's metadata."""
         return StorageMeta(checkpoint_id=self.location, save_id=self.save_id)
 
     @classmethod
@@ -522,6 +553,12 @@ class StorageReader(_DcpReader):
         self.load_id = uuid.uuid4().hex
 
     def reset(self, checkpoint_id=None) -> None:
+        """DCP's call at the start of each load (not for user code).
+
+        Args:
+            checkpoint_id: where to load from this time (``dcp.load(checkpoint_id=...)``);
+                ``None`` keeps ``location``.
+        """
         if checkpoint_id:
             self.location = _location(checkpoint_id)
         self.storage_data = {}
@@ -535,6 +572,14 @@ class StorageReader(_DcpReader):
         return self._store
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        """DCP's call: resolve ``ref`` and read that version's DCP ``Metadata`` (not for
+        user code).
+
+        Raises:
+            NoRepository: there is no repository at ``location``.
+            UnknownRef: the repository has no ``ref``.
+            NotADcpSave: the version is not a DCP save.
+        """
         store = self._open()
         self.version = _resolve(store, self.location, self.ref)
         metadata = _read_metadata(store, self.version, self.location, self.ref)
@@ -545,6 +590,12 @@ class StorageReader(_DcpReader):
 
     def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any,
                               **kwargs: Any) -> None:
+        """DCP's call on every rank before a load (not for user code).
+
+        Args:
+            metadata: the version's DCP metadata (from ``read_metadata``).
+            is_coordinator: whether this rank plans the load for all.
+        """
         if metadata.storage_data is None:
             raise ValueError("the checkpoint's metadata has no storage data")
         self.storage_data = metadata.storage_data
@@ -552,9 +603,17 @@ class StorageReader(_DcpReader):
             self.version = _resolve(self._open(), self.location, self.ref)
 
     def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
+        """DCP's call on every rank: `plan`, naming the version this rank resolved (not
+        for user code)."""
         return dataclasses.replace(plan, storage_data=self.version)
 
     def prepare_global_plan(self, plans: list[LoadPlan]) -> list[LoadPlan]:
+        """DCP's call on the coordinator: `plans` pinned to one version when the ranks
+        resolved ``ref`` to different ones (not for user code).
+
+        Raises:
+            VersionMismatch: those versions' DCP metadata differ.
+        """
         seen = {p.storage_data for p in plans}
         if len(seen) <= 1:
             return plans
@@ -576,6 +635,8 @@ class StorageReader(_DcpReader):
         return [dataclasses.replace(p, storage_data=self.version) for p in plans]
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
+        """DCP's call on every rank: read the stored items `plan` names, each once, into
+        the tensors `planner` gives (not for user code)."""
         if plan.storage_data is not None and plan.storage_data != self.version:
             # The coordinator pinned its version (ref moved between the ranks' reads):
             # read that version's items, named by its own metadata (reopened: the
@@ -695,10 +756,11 @@ def _whole_tensors(store: Store, location: str, ref) -> dict:
 
 
 def export_safetensors(location, path, ref: str = "main") -> list[str]:
-    """Write the DCP version ``ref`` as one ``.safetensors`` file of whole tensors (see
-    ``whole_tensors``), atomically. Bytes items, and tensors of a dtype the store has no
-    type for (``bool``, complex, 8-bit floats), are left out: their names are returned.
-    Raises as ``whole_tensors`` does, and then writes nothing.
+    """Write the DCP version ``ref`` of the repository at ``location`` to ``path`` as one
+    ``.safetensors`` file of whole tensors (see ``whole_tensors``), atomically. Bytes
+    items, and tensors of a dtype the store has no type for (``bool``, complex, 8-bit
+    floats), are left out: their names are returned. Raises as ``whole_tensors`` does,
+    and then writes nothing.
     """
     left_out = []
     out = Store()
