@@ -254,6 +254,8 @@ class _Encoder:
             self.seen[key] = name
         rec: Dict[str, Any] = {_MARK: "tensor", "name": name, "dtype": _dtype_name(t.dtype),
                                "shape": list(t.shape), "device": str(t.device)}
+        if rec["dtype"] not in _NATIVE and rec["dtype"] != "bfloat16":
+            rec["raw"] = True  # kept as its bytes (uint8)
         if type(t) is torch.nn.Parameter:
             rec["param"] = True
             rec["requires_grad"] = bool(t.requires_grad)
@@ -538,7 +540,6 @@ def _save(store: Store, branch: str, checkpoint: Dict[str, Any], path: str) -> D
     for name, t in enc.tensors.items():
         arr, tag, _raw = _to_array(t)
         wanted[name] = (arr, tag)
-        # raw dtypes are recorded in the state; nothing else to keep here
     tag = _tag_for(path)
     head = store.head()
     if head is not None and store.current_branch() != branch:
@@ -584,15 +585,18 @@ def _save(store: Store, branch: str, checkpoint: Dict[str, Any], path: str) -> D
 
 def _load(store: Store, ptr: Dict[str, Any], path: str, map_location: Any,
           weights_only: Optional[bool]) -> Dict[str, Any]:
-    from ._errors import AmbiguousRef, UnknownRef
+    from ._errors import AmbiguousRef, PrunedVersion, UnknownRef, UnknownVersion
 
+    missing = NotACheckpoint(
+        f"{path}: the repository at {ptr['location']} has no version {ptr['version']} "
+        f"(tag {ptr['tag']!r}; deleted and collected?)", path=path, reason="version")
     try:
-        snap = store.snapshot(ptr["version"])
-    except (UnknownRef, AmbiguousRef) as e:
-        raise NotACheckpoint(
-            f"{path}: the repository at {ptr['location']} has no version {ptr['version']} "
-            f"(tag {ptr['tag']!r}; deleted and collected?)", path=path,
-            reason="version") from e
+        v = store.resolve(ptr["version"])
+        if store.version_hash(v) != ptr["version"]:
+            raise missing
+        snap = store.snapshot(v)
+    except (UnknownRef, AmbiguousRef, UnknownVersion, PrunedVersion) as e:
+        raise missing from e
     if STATE_NAME not in snap:
         raise NotACheckpoint(f"{path}: version {ptr['version'][:12]} is not a Lightning "
                              "checkpoint (no .lightning/state)", path=path, reason="state")
@@ -696,6 +700,8 @@ class _CheckpointIOImpl:
         self.prune = prune
         self._store: Optional[Store] = None
         self._lock = threading.RLock()
+        self._saver: Optional[int] = None  # the thread of the last save
+        self._removed_early: set = set()
 
     @property
     def store(self) -> Store:
@@ -714,9 +720,16 @@ class _CheckpointIOImpl:
             raise InvalidArgument(
                 "tensor_history.lightning.CheckpointIO takes no storage_options "
                 f"(got {storage_options!r})", reason="storage_options")
+        p = os.fspath(path)
         with self._lock:
-            _save(self.store, self.branch, checkpoint, os.fspath(path))
-
+            self._saver = threading.get_ident()
+            _save(self.store, self.branch, checkpoint, p)
+            key = os.path.abspath(p)
+            if key in self._removed_early:
+                # AsyncCheckpointIO: Lightning removed this checkpoint while its save was
+                # still queued; honour the order in which the calls were made
+                self._removed_early.discard(key)
+                self._remove_locked(p)
     def load_checkpoint(self, path: Any, map_location: Any = None,
                         weights_only: Optional[bool] = None) -> Dict[str, Any]:
         """The checkpoint dict the pointer at ``path`` names (see the module's
@@ -737,24 +750,30 @@ class _CheckpointIOImpl:
         """Delete the pointer file at ``path`` and its tag (when the tag still names the
         pointer's version), then, with ``prune`` (default), prune the versions no tag,
         branch tip or HEAD holds and save; ``Store.gc`` deletes their data. A missing
-        file is not an error (as for ``TorchCheckpointIO``)."""
+        file is not an error (as for ``TorchCheckpointIO``); under ``AsyncCheckpointIO``
+        (saves on another thread) a checkpoint removed while its save is still queued is
+        removed once that save ends."""
         p = os.fspath(path)
-        try:
-            ptr = read_pointer(p)
-        except FileNotFoundError:
-            return
         with self._lock:
-            store = self.store
-            own = _location_of(ptr["location"]) == self.location
-            os.unlink(p)
-            if not own or ptr["tag"] != _tag_for(p):
-                return  # a copy of another checkpoint's pointer, or another repository's
-            tags = {n: v for n, kind, v in store.refs() if kind == "tag"}
-            if ptr["tag"] in tags and store.version_hash(tags[ptr["tag"]]) == ptr["version"]:
-                store.delete_tag(ptr["tag"])
-                if self.prune:
-                    store.prune(keep_last=1)
-                store.save()
+            if not os.path.lexists(p):
+                if self._saver is not None and self._saver != threading.get_ident():
+                    self._removed_early.add(os.path.abspath(p))
+                return
+            self._remove_locked(p)
+
+    def _remove_locked(self, p: str) -> None:
+        ptr = read_pointer(p)
+        store = self.store
+        own = _location_of(ptr["location"]) == self.location
+        os.unlink(p)
+        if not own or ptr["tag"] != _tag_for(p):
+            return  # a copy of another checkpoint's pointer, or another repository's
+        tags = {n: v for n, kind, v in store.refs() if kind == "tag"}
+        if ptr["tag"] in tags and store.version_hash(tags[ptr["tag"]]) == ptr["version"]:
+            store.delete_tag(ptr["tag"])
+            if self.prune:
+                store.prune(keep_last=1)
+            store.save()
 
     def teardown(self) -> None:
         """Close the store (saves were durable when they returned)."""
