@@ -105,7 +105,7 @@ def _lightning_base() -> type:
         from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO as base
     except ImportError:
         try:
-            from lightning_fabric.plugins.io.checkpoint_io import (  # type: ignore[no-redef]
+            from lightning_fabric.plugins.io.checkpoint_io import (  # type: ignore
                 CheckpointIO as base,
             )
         except ImportError as e:
@@ -149,25 +149,27 @@ def _to_array(t: "torch.Tensor") -> Tuple[np.ndarray, Optional[str], bool]:
 
 
 def _from_array(a: np.ndarray, rec: Dict[str, Any]) -> "torch.Tensor":
-    torch = _torch()
-    dtype = getattr(torch, rec["dtype"], None)
-    if not isinstance(dtype, torch.dtype):
+    tm = _torch()
+    dtype = getattr(tm, rec["dtype"], None)
+    if not isinstance(dtype, tm.dtype):
         raise NotACheckpoint(f"unknown dtype {rec['dtype']!r} for {rec['name']!r}",
                              path=None, reason="dtype")
     shape = tuple(rec["shape"])
     if rec.get("raw"):
-        u8 = torch.from_numpy(np.ascontiguousarray(a).reshape(-1).view(np.uint8))
-        return u8.view(dtype).reshape(shape)
+        u8 = tm.from_numpy(np.ascontiguousarray(a).reshape(-1).view(np.uint8))
+        raw: torch.Tensor = u8.view(dtype).reshape(shape)
+        return raw
     if a.dtype.name == "bfloat16":
-        t = torch.from_numpy(np.ascontiguousarray(a).view(np.uint16)).view(torch.bfloat16)
+        t = tm.from_numpy(np.ascontiguousarray(a).view(np.uint16)).view(tm.bfloat16)
     else:
-        t = torch.from_numpy(np.ascontiguousarray(a))
+        t = tm.from_numpy(np.ascontiguousarray(a))
     if t.dtype == dtype and tuple(t.shape) != shape and t.numel() == math.prod(shape):
         t = t.reshape(shape)  # a repository gives 0-d arrays back as shape (1,)
     if t.dtype != dtype or tuple(t.shape) != shape:
         raise NotACheckpoint(f"variable {rec['name']!r} is {t.dtype} {tuple(t.shape)}, the "
                              f"checkpoint says {dtype} {shape}", path=None, reason="tensor")
-    return t
+    out: torch.Tensor = t
+    return out
 
 
 def _put(store: Store, name: str, arr: np.ndarray, tag: Optional[str]) -> None:
@@ -427,7 +429,7 @@ def _attribute_dict() -> Any:
     try:
         from lightning.fabric.utilities.data import AttributeDict
     except ImportError:
-        from lightning_fabric.utilities.data import AttributeDict  # type: ignore[no-redef]
+        from lightning_fabric.utilities.data import AttributeDict  # type: ignore
     return AttributeDict
 
 
@@ -534,7 +536,7 @@ def _save(store: Store, branch: str, checkpoint: Dict[str, Any], path: str) -> D
     doc = {"format": POINTER_FORMAT, "state_version": _STATE_VERSION, "state": state,
            "pickled": enc.pickled_at}
     blob = np.frombuffer(json.dumps(doc, allow_nan=False).encode("utf-8"), dtype=np.uint8)
-    wanted = {STATE_NAME: (blob, None)}
+    wanted: Dict[str, Tuple[np.ndarray, Optional[str]]] = {STATE_NAME: (blob, None)}
     for i, data in enumerate(enc.pickles):
         wanted[f"{_PICKLE_PREFIX}{i}"] = (np.frombuffer(data, dtype=np.uint8), None)
     for name, t in enc.tensors.items():
@@ -679,7 +681,7 @@ def load_from_checkpoint(model_class: Any, path: Union[str, "os.PathLike[str]"],
     checkpoint[model_class.CHECKPOINT_HYPER_PARAMS_KEY].update(kwargs)
     if issubclass(model_class, pl.LightningDataModule):
         return saving._load_state(model_class, checkpoint, **kwargs)
-    model = saving._load_state(model_class, checkpoint, strict=strict, **kwargs)
+    model: Any = saving._load_state(model_class, checkpoint, strict=strict, **kwargs)
     state_dict = checkpoint.get("state_dict") or {}
     torch = _torch()
     device = next((t for t in state_dict.values() if isinstance(t, torch.Tensor)),
@@ -701,7 +703,7 @@ class _CheckpointIOImpl:
         self._store: Optional[Store] = None
         self._lock = threading.RLock()
         self._saver: Optional[int] = None  # the thread of the last save
-        self._removed_early: set = set()
+        self._removed_early: set[str] = set()
 
     @property
     def store(self) -> Store:
