@@ -19,6 +19,7 @@ import time
 from collections import OrderedDict
 from fractions import Fraction
 
+import numpy as np
 import pytest
 
 if os.environ.get("TH_REQUIRE_LIGHTNING") == "1":
@@ -253,6 +254,25 @@ def test_an_unpicklable_value_is_a_typed_error_and_saves_nothing(tmp_path):
     io.teardown()
 
 
+def test_a_save_whose_branch_moved_raises_and_changes_nothing(tmp_path):
+    repo = tmp_path / "repo"
+    first, second = thl.CheckpointIO(repo), thl.CheckpointIO(repo)
+    first.save_checkpoint({"w": torch.zeros(3)}, tmp_path / "a.ckpt")
+    second.store  # opened here, at a.ckpt's version
+    first.save_checkpoint({"w": torch.ones(3)}, tmp_path / "b.ckpt")
+    head = second.store.head()
+    with pytest.raises(th.BranchMoved):
+        second.save_checkpoint({"w": torch.full((3,), 2.0)}, tmp_path / "c.ckpt")
+    assert not (tmp_path / "c.ckpt").exists()
+    assert second.store.head() == head
+    assert "c" not in {n for n, _, _ in second.store.refs()}
+    assert tags(repo) == {"a", "b"}
+    same(thl.load_checkpoint(tmp_path / "a.ckpt")["w"], torch.zeros(3))
+    same(second.load_checkpoint(tmp_path / "b.ckpt")["w"], torch.ones(3))
+    first.teardown()
+    second.teardown()
+
+
 def test_bad_pointer_files_give_typed_errors(tmp_path):
     io = thl.CheckpointIO(tmp_path / "repo")
     io.save_checkpoint({"w": torch.ones(2)}, tmp_path / "good.ckpt")
@@ -293,6 +313,28 @@ def test_bad_pointer_files_give_typed_errors(tmp_path):
     (tmp_path / "plain.ckpt").write_text(json.dumps(plain))
     with pytest.raises(thl.NotACheckpoint):
         thl.load_checkpoint(tmp_path / "plain.ckpt")
+    # damaged checkpoint state in a version of the repository
+    states = {"not_json": b"{", "future_state": b'{"state_version": 2, "state": {}}',
+              "no_items": b'{"state_version": 1, "state": {"__th__": "tuple"}}',
+              "unknown_kind": b'{"state_version": 1, "state": {"__th__": "what"}}',
+              "not_a_dict": b'{"state_version": 1, "state": [1]}',
+              "no_tensor": b'{"state_version": 1, "state": {"w": {"__th__": "tensor", '
+                           b'"name": "w", "dtype": "float32", "shape": [2]}}}',
+              "bad_dtype": b'{"state_version": 1, "state": {"w": {"__th__": "tensor", '
+                           b'"name": "x", "dtype": "nope", "shape": [2]}}}'}
+    with th.Store.open(tmp_path / "damaged") as s:
+        s.insert("x", torch.ones(2).numpy())
+        for name, data in states.items():
+            if thl.STATE_NAME in s:
+                s.remove(thl.STATE_NAME)
+            s.insert(thl.STATE_NAME, np.frombuffer(data, dtype=np.uint8))
+            s.tag(name, at=s.commit(name))
+        s.save()
+        for name in states:
+            ptr = {**good, "location": str(tmp_path / "damaged"), "version": s.version_hash(name)}
+            (tmp_path / f"{name}.ckpt").write_text(json.dumps(ptr))
+            with pytest.raises(thl.NotACheckpoint):
+                thl.load_checkpoint(tmp_path / f"{name}.ckpt")
     same(io.load_checkpoint(tmp_path / "good.ckpt")["w"], torch.ones(2))
     io.teardown()
 

@@ -573,16 +573,37 @@ def _save(store: Store, branch: str, checkpoint: Dict[str, Any], path: str) -> D
         if store.head() is not None:
             store.discard()
         raise
-    refs = {n: ver for n, kind, ver in store.refs() if kind == "tag"}
-    if tag in refs:
-        store.delete_tag(tag)
-    store.tag(tag, at=v)
-    store.save()
+    old = {n: ver for n, kind, ver in store.refs() if kind == "tag"}.get(tag)
+    try:
+        if old is not None:
+            store.delete_tag(tag)
+        store.tag(tag, at=v)
+        store.save()
+    except BaseException:
+        _roll_back(store, tag, old, v, head)
+        raise
     ptr = {"format": POINTER_FORMAT, "format_version": POINTER_VERSION,
            "location": store.location, "version": store.version_hash(v), "tag": tag,
            "branch": branch}
     _write_pointer(path, ptr)
     return ptr
+
+
+def _roll_back(store: Store, tag: str, old: Any, v: Any, head: Any) -> None:
+    """After a failed save: the tag back where it was, HEAD (and its branch) back to
+    `head`, and the refs saved again where the failed save wrote some of them (a
+    ``BranchMoved`` save writes every ref but the moved branch)."""
+    try:
+        tags = {n: ver for n, kind, ver in store.refs() if kind == "tag"}
+        if tags.get(tag) == v:
+            store.delete_tag(tag)
+        if old is not None and tag not in {n for n, _, _ in store.refs()}:
+            store.tag(tag, at=old)
+        if head is not None:
+            store.restore(head)
+        store.save()
+    except TensorHistoryError:
+        pass  # the original error is what the caller needs; the refs are as saved
 
 
 def _load(store: Store, ptr: Dict[str, Any], path: str, map_location: Any,
@@ -618,7 +639,13 @@ def _load(store: Store, ptr: Dict[str, Any], path: str, map_location: Any,
         raise PickleRequired(
             f"{path}: the checkpoint holds pickled objects at {', '.join(pickled)}; load it "
             "with weights_only=False if you trust its source", path=path, objects=pickled)
-    out = _Decoder(snap, path, map_location, strict).decode(doc["state"])
+    try:
+        out = _Decoder(snap, path, map_location, strict).decode(doc.get("state"))
+    except (KeyError, TypeError, AttributeError, ValueError) as e:
+        if isinstance(e, TensorHistoryError):
+            raise
+        raise NotACheckpoint(f"{path}: the checkpoint state is malformed ({type(e).__name__}: "
+                             f"{e})", path=path, reason="state") from e
     if not isinstance(out, dict):
         raise NotACheckpoint(f"{path}: the checkpoint state is not a dict", path=path,
                              reason="state")
