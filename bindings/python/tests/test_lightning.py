@@ -486,7 +486,7 @@ def expected(n):
                                       "b": torch.randn(512, generator=g).to(torch.bfloat16)}}
 
 
-@pytest.mark.parametrize("delay", [0.0, 0.01, 0.03, 0.07])
+@pytest.mark.parametrize("delay", [0.0, 0.02, 0.06])
 def test_sigkill_during_a_save_leaves_the_previous_checkpoint_loadable(tmp_path, delay):
     repo, d = str(tmp_path / "repo"), str(tmp_path / "ckpts")
     os.makedirs(d)
