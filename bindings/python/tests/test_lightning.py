@@ -523,3 +523,33 @@ def test_sigkill_during_a_save_leaves_the_previous_checkpoint_loadable(tmp_path,
     io.save_checkpoint(expected(500), os.path.join(d, "last.ckpt"))
     same(expected(500), thl.load_checkpoint(os.path.join(d, "last.ckpt")))
     io.teardown()
+
+
+# ------------------------------------------------------------------- on S3
+
+
+def test_a_repository_on_s3(tmp_path):
+    """Runs when TH_S3_BUCKET names a bucket of an S3 test server (`.ci/s3-server.sh`);
+    skipped with the reason otherwise, failed instead with TH_REQUIRE_S3=1."""
+    bucket = os.environ.get("TH_S3_BUCKET")
+    if not bucket or not os.environ.get("AWS_ACCESS_KEY_ID"):
+        why = "TH_S3_BUCKET or AWS_ACCESS_KEY_ID is not set (no S3 test server)"
+        if os.environ.get("TH_REQUIRE_S3") == "1":
+            pytest.fail(f"{why}, and TH_REQUIRE_S3=1 requires it")
+        pytest.skip(why)
+    import uuid
+
+    url = f"s3://{bucket}/lightning-{uuid.uuid4().hex}"
+    io = thl.CheckpointIO(url)
+    a, b = expected(1), expected(2)
+    io.save_checkpoint(a, tmp_path / "step=1.ckpt")
+    io.save_checkpoint(b, tmp_path / "step=2.ckpt")
+    assert thl.read_pointer(tmp_path / "step=1.ckpt")["location"] == url
+    same(a, thl.load_checkpoint(tmp_path / "step=1.ckpt"))
+    io.remove_checkpoint(tmp_path / "step=1.ckpt")
+    assert not (tmp_path / "step=1.ckpt").exists()
+    io.teardown()
+    fresh = thl.CheckpointIO(url)
+    same(b, fresh.load_checkpoint(tmp_path / "step=2.ckpt"))
+    assert {n for n, kind, _ in fresh.store.refs() if kind == "tag"} == {"step=2"}
+    fresh.teardown()
