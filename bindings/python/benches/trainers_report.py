@@ -1,0 +1,175 @@
+"""Side-by-side report: tensor-history under the trainers people use, against the
+trainers' own checkpoint storage. Same tab-separated columns as `report.py` and the Rust
+`bench_report` (ratio = baseline / store, above 1 the store wins); machine facts go to
+stderr. Each trainer's part is a function of its own (`--only lightning`).
+
+    python bindings/python/benches/trainers_report.py --only lightning
+    python bindings/python/benches/trainers_report.py --only lightning --quick
+
+Lightning (baseline: `TorchCheckpointIO`, Lightning's default, on the same disk):
+a LightningModule of about 100 MB of float32 parameters (an embedding table and an MLP)
+trained with AdamW under `Trainer(accelerator="cpu")`, torch on 1 thread;
+`ModelCheckpoint(every_n_train_steps=N, save_top_k=3, monitor="train_loss",
+save_last=True)` until 20 checkpoints were taken; the same seeds for both runs.
+
+  <scenario>_disk_after_20      bytes under the checkpoint directory (and, for the
+                                store, the repository after `Store.gc(grace=0)` twice)
+  <scenario>_save_ms            median time of one `save_checkpoint` call (the store's
+                                is durable: fsynced; `torch.save` is not)
+  <scenario>_resume_ms          median time of `load_checkpoint(last.ckpt)`
+
+Scenarios: `dense` trains every parameter; `finetune` freezes the embedding table
+(90% of the parameters, as when fine-tuning a pretrained backbone), so each checkpoint
+changes only the head and its optimizer state (AdamW keeps no state for frozen
+parameters).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+
+import tensor_history as th
+from _report import Report, disk_bytes
+
+CHECKPOINTS = 20
+
+
+def lightning_part(report: Report, workdir: str, quick: bool) -> None:
+    """The Lightning rows: `tensor_history.lightning.CheckpointIO` against
+    `TorchCheckpointIO` in the same process, same disk, same seeds."""
+    import lightning as L
+    import torch
+    from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO as Base
+    from lightning.pytorch.callbacks import ModelCheckpoint
+    from lightning.pytorch.plugins.io import TorchCheckpointIO
+
+    import tensor_history.lightning as thl
+
+    torch.set_num_threads(1)
+    every = 2
+    vocab, dim = (24_000, 256) if quick else (90_000, 256)  # 23.6 MB / 92 MB of embedding
+    hidden = 512
+
+    class Net(L.LightningModule):
+        def __init__(self, frozen: bool) -> None:
+            super().__init__()
+            self.emb = torch.nn.Embedding(vocab, dim)
+            self.mlp = torch.nn.Sequential(torch.nn.Linear(dim, hidden), torch.nn.GELU(),
+                                           torch.nn.Linear(hidden, hidden), torch.nn.GELU(),
+                                           torch.nn.Linear(hidden, 1))
+            if frozen:
+                self.emb.weight.requires_grad_(False)
+
+        def training_step(self, batch, _i):
+            ids, y = batch
+            loss = torch.nn.functional.mse_loss(self.mlp(self.emb(ids).mean(1)), y)
+            self.log("train_loss", loss)
+            return loss
+
+        def configure_optimizers(self):
+            return torch.optim.AdamW([p for p in self.parameters() if p.requires_grad],
+                                     lr=1e-3)
+
+    class Timed(Base):
+        def __init__(self, inner) -> None:
+            super().__init__()
+            self.inner = inner
+            self.saves: list = []
+
+        def save_checkpoint(self, checkpoint, path, storage_options=None):
+            t0 = time.perf_counter()
+            self.inner.save_checkpoint(checkpoint, path, storage_options)
+            self.saves.append(time.perf_counter() - t0)
+
+        def load_checkpoint(self, path, map_location=None, weights_only=None):
+            return self.inner.load_checkpoint(path, map_location=map_location,
+                                              weights_only=weights_only)
+
+        def remove_checkpoint(self, path):
+            self.inner.remove_checkpoint(path)
+
+        def teardown(self):
+            self.inner.teardown()
+
+    def data():
+        g = torch.Generator().manual_seed(1)
+        n = 64 * every * CHECKPOINTS
+        ids = torch.randint(0, vocab, (n, 16), generator=g)
+        y = torch.randn(n, 1, generator=g)
+        return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(ids, y),
+                                           batch_size=64)
+
+    def run(kind: str, frozen: bool, d: str):
+        ckdir, repo = os.path.join(d, "ckpts"), os.path.join(d, "repo")
+        inner = TorchCheckpointIO() if kind == "torch" else thl.CheckpointIO(repo)
+        plugin = Timed(inner)
+        L.seed_everything(0, verbose=False)
+        cb = ModelCheckpoint(dirpath=ckdir, every_n_train_steps=every, save_top_k=3,
+                             monitor="train_loss", save_last=True)
+        tr = L.Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
+                       enable_model_summary=False, max_steps=every * CHECKPOINTS,
+                       callbacks=[cb], plugins=[plugin])
+        tr.fit(Net(frozen), data())
+        if kind == "th":
+            with th.Store.open(repo, create=False) as s:
+                s.gc(grace=0)
+                s.gc(grace=0)
+        loads = []
+        last = os.path.join(ckdir, "last.ckpt")
+        for _ in range(3):
+            t0 = time.perf_counter()
+            ck = inner.load_checkpoint(last)
+            loads.append(time.perf_counter() - t0)
+            del ck
+        inner.teardown()
+        return disk_bytes(d), plugin.saves, statistics.median(loads), len(os.listdir(ckdir))
+
+    for scenario, frozen in (("dense", False), ("finetune", True)):
+        out = {}
+        for kind in ("torch", "th"):
+            d = os.path.join(workdir, f"{scenario}-{kind}")
+            out[kind] = run(kind, frozen, d)
+            disk, saves, load, files = out[kind]
+            print(f"  {scenario}/{kind}: {len(saves)} saves, {files} files, disk {disk / 1e6:.1f} MB,"
+                  f" save median {statistics.median(saves) * 1e3:.0f} ms, load {load * 1e3:.0f} ms",
+                  file=sys.stderr, flush=True)
+            shutil.rmtree(d)
+        (dt, st, lt, _), (dh, sh, lh, _) = out["torch"], out["th"]
+        assert len(st) == len(sh) >= CHECKPOINTS, (len(st), len(sh))
+        name = f"lightning_{scenario}[TorchCheckpointIO]"
+        report.add(f"{name}_disk_after_{CHECKPOINTS}", "MB", dt / 1e6, dh / 1e6)
+        report.add(f"{name}_save_ms", "ms", statistics.median(st), statistics.median(sh))
+        report.add(f"{name}_resume_ms", "ms", lt, lh)
+
+
+PARTS = {"lightning": lightning_part}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--only", choices=sorted(PARTS), action="append",
+                    help="run only this trainer's part (repeatable; default: all)")
+    ap.add_argument("--quick", action="store_true", help="a smaller model")
+    ap.add_argument("--dir", default=None, help="where checkpoints go (default: a temp dir)")
+    args = ap.parse_args()
+    print(f"machine: {platform.machine()}, {os.cpu_count()} cpus, python "
+          f"{platform.python_version()}, tensor_history {th.__file__}", file=sys.stderr)
+    workdir = tempfile.mkdtemp(prefix="trainers-report-", dir=args.dir)
+    report = Report()
+    try:
+        for name in args.only or sorted(PARTS):
+            PARTS[name](report, workdir, args.quick)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    report.print()
+
+
+if __name__ == "__main__":
+    main()
