@@ -167,7 +167,10 @@ class Device:
     def __init__(self, device: Any, staging_bytes: int) -> None:
         if not isinstance(staging_bytes, int) or isinstance(staging_bytes, bool) \
                 or staging_bytes < ALIGN:
-            raise ValueError(f"staging_bytes must be an int >= {ALIGN}, got {staging_bytes!r}")
+            from .._errors import InvalidArgument
+
+            raise InvalidArgument(f"staging_bytes must be an int >= {ALIGN}, got "
+                                  f"{staging_bytes!r}", reason="staging_bytes")
         self.device = device
         self.staging_bytes = staging_bytes
         self._area: Any = None  # a uint8 host tensor
@@ -207,8 +210,10 @@ class Device:
         once the copies that used it before completed. Allocated on first use and when
         a larger batch than before comes (at most ``staging_bytes``)."""
         if nbytes > self.staging_bytes:
-            raise ValueError(f"a batch of {nbytes} bytes does not fit staging_bytes="
-                             f"{self.staging_bytes}")
+            from .._errors import InternalError
+
+            raise InternalError(f"a batch of {nbytes} bytes does not fit staging_bytes="
+                                f"{self.staging_bytes}", reason="staging batch")
         self._busy.wait()
         self._busy = DONE
         if self._area is None or self._area.numel() < nbytes:

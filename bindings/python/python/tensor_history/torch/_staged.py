@@ -176,19 +176,22 @@ class StagedMixin:
 
     def _init_staged(self, staged: Optional[bool], staging_bytes: int, trial_base: str,
                      device_budget: Optional[int]) -> None:
+        from .._errors import InvalidArgument
+
         if staged is None:
             staged = os.environ.get(STAGED_ENV, "") == "1"
         if trial_base not in TRIAL_BASES:
-            raise ValueError(f"trial_base must be one of {TRIAL_BASES}, got {trial_base!r}")
+            raise InvalidArgument(f"trial_base must be one of {TRIAL_BASES}, got "
+                                  f"{trial_base!r}", reason="trial_base")
         if not isinstance(staging_bytes, int) or isinstance(staging_bytes, bool) \
                 or staging_bytes < _device.ALIGN:
-            raise ValueError(f"staging_bytes must be an int >= {_device.ALIGN}, got "
-                             f"{staging_bytes!r}")
+            raise InvalidArgument(f"staging_bytes must be an int >= {_device.ALIGN}, got "
+                                  f"{staging_bytes!r}", reason="staging_bytes")
         if device_budget is not None and (not isinstance(device_budget, int)
                                           or isinstance(device_budget, bool)
                                           or device_budget < 0):
-            raise ValueError(f"device_budget must be a byte count or None, got "
-                             f"{device_budget!r}")
+            raise InvalidArgument(f"device_budget must be a byte count or None, got "
+                                  f"{device_budget!r}", reason="device_budget")
         self.staged = bool(staged)
         self.staging_bytes = staging_bytes
         self.trial_base = trial_base
