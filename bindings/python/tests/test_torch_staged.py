@@ -308,7 +308,7 @@ def test_staging_smaller_than_one_tensor_goes_in_pieces(staging):
     for v, want in kept.items():
         tr.restore(v)
         assert_bitwise(snapshot(m, opt), want)
-    dev = tr._devices[torch.device("cpu")]
+    dev = tr._devices["cpu"]
     # allocated once at the largest batch, never past staging_bytes
     assert dev._area.numel() <= staging and dev.allocations <= 2
     tr.store.verify()

@@ -195,11 +195,6 @@ class Device:
         """Queue `(src staging uint8, dst device uint8)` copies on the compute stream."""
         raise NotImplementedError
 
-    def order_compute_after(self, token: Token) -> None:
-        """Make the work queued on the compute stream from now on run after `token`'s
-        copies (without blocking the host where the device can wait by itself)."""
-        raise NotImplementedError
-
     # ---- the staging area ---------------------------------------------------------
 
     def capacity(self) -> int:
@@ -224,11 +219,6 @@ class Device:
             self.allocations += 1
         assert self._area_np is not None
         return self._area_np
-
-    def hold(self, token: Token) -> None:
-        """The staging area is in use until `token` completes (the next
-        :meth:`staging` waits for it)."""
-        self._busy = token
 
     def to_host(self, copies: Sequence[Tuple[Any, int]]) -> Token:
         """Copy each `(src, offset)` (a flat uint8 view of device memory) into the
@@ -263,11 +253,6 @@ class Device:
             c = t.detach().clone(memory_format=_torch().contiguous_format)
         self.device_copy_bytes += c.numel() * c.element_size()
         return c
-
-    def idle(self) -> None:
-        """Wait for the copies that use the staging area."""
-        self._busy.wait()
-        self._busy = DONE
 
 
 class AcceleratorDevice(Device):
@@ -317,10 +302,6 @@ class AcceleratorDevice(Device):
         done.record(compute)
         return _EventToken(done, [d for _, d in copies])
 
-    def order_compute_after(self, token: Token) -> None:
-        if isinstance(token, _EventToken) and token._keep is not None:
-            self._compute().wait_event(token._event)
-
 
 class CpuDevice(Device):
     """The same logic for CPU tensors: a separate staging buffer; the side stream is a
@@ -348,9 +329,6 @@ class CpuDevice(Device):
             for src, dst in copies:
                 dst.copy_(src)
         return DONE
-
-    def order_compute_after(self, token: Token) -> None:
-        token.wait()
 
 
 def device_for(device: Any, staging_bytes: int) -> Device:

@@ -213,9 +213,10 @@ class StagedMixin:
         return self.staged or t.device.type != "cpu"
 
     def _device(self, dev: Any) -> Device:
-        d = self._devices.get(dev)
+        key = str(dev)
+        d = self._devices.get(key)
         if d is None:
-            d = self._devices[dev] = device_for(dev, self.staging_bytes)
+            d = self._devices[key] = device_for(dev, self.staging_bytes)
         return d
 
     def _check_device(self, name: str, t: Any) -> None:
@@ -226,7 +227,7 @@ class StagedMixin:
         was = self._where.get(name)
         if was is None:
             self._where[name] = t.device
-        elif was != t.device:
+        elif str(was) != str(t.device):
             raise TrialError(
                 f"`{name}` moved from {was} to {t.device} since the tracker first saw it; "
                 "nothing was changed. Track the model again after moving it "
@@ -457,7 +458,7 @@ class StagedMixin:
         """CPU tensor `t` (optimizer state made from the store) on the device `name` was
         on (else `fallback`'s), counted as moved to the device."""
         dev = self._where.get(name, getattr(fallback, "device", None))
-        if dev is None or dev == t.device:
+        if dev is None or str(dev) == str(t.device):
             return t
         out = t.to(dev)
         self._device(dev).to_device_bytes += t.numel() * t.element_size()
