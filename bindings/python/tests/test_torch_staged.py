@@ -173,6 +173,7 @@ def test_reverts_write_only_the_chunks_that_differ():
     tr = th.torch.track(m, opt, store=store, staged=True)
     v0 = store.head()
     w0 = m.weight.detach().clone()
+    ptrs = [p.data_ptr() for p in m.parameters()]
     with torch.no_grad():
         m.weight[3, 5] += 1.0  # one chunk of 64
     v1 = tr.commit("one chunk")
@@ -201,6 +202,7 @@ def test_reverts_write_only_the_chunks_that_differ():
             m.weight[0, 0] = 7.0
     assert torch.equal(m.weight, w0)
     assert tr.transfers()["to_device_bytes"] - before == m.weight.nbytes
+    assert [p.data_ptr() for p in m.parameters()] == ptrs  # written in place
 
 
 def test_a_device_base_rejects_on_the_device_and_commits_changed_chunks_only():
@@ -230,6 +232,19 @@ def test_a_device_base_rejects_on_the_device_and_commits_changed_chunks_only():
             m.bias.add_(1)
     assert torch.equal(m.weight, kept)
     assert tr.transfers()["to_device_bytes"] == got["to_device_bytes"]
+    # The clones stay current from trial to trial: a reject that changed the bias only
+    # copies the bias back, and the next trial's entry copies nothing.
+    dev = tr._devices["cpu"]
+    copied = dev.device_copy_bytes
+    b = m.bias.detach().clone()
+    with tr.trial():
+        with torch.no_grad():
+            m.bias.add_(1)
+    assert torch.equal(m.bias, b)
+    assert dev.device_copy_bytes - copied == m.bias.nbytes
+    with tr.trial():
+        pass
+    assert dev.device_copy_bytes - copied == m.bias.nbytes
     tr.store.verify()
 
 

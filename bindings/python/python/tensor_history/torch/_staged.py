@@ -326,6 +326,8 @@ class StagedMixin:
                       defer: bool) -> Tuple[Dict[str, np.ndarray], List[str]]:
         staged = {n: a for n, a in arrays.items() if isinstance(a, DeviceArray)}
         if not staged:
+            # No staged tensor changed: current clones hold the new version too.
+            self._dbase_fresh = self._dbase_current()
             return super()._sync_changed(arrays, untrusted, defer)  # type: ignore[misc]
         plain = {n: a for n, a in arrays.items() if n not in staged}
         self._settle_staging()
