@@ -390,6 +390,7 @@ class StagedMixin:
             diff = store.diff(known, head)
         use_base = self._dbase_version is not None and self._dbase_version == head
         ranges: Dict[str, List[Tuple[int, int]]] = {}
+        partial: set = set()  # names whose ranges are the chunks known to differ
         for n, a in items.items():
             dtype, shape = store.info(n)
             if tuple(shape) != a.shape or dtype != _dtype_name(a.dtype):
@@ -415,6 +416,7 @@ class StagedMixin:
                     rs = []
                 elif ch.kind == "changed" and not ch.layout_changed:
                     rs = [(s * width, e * width) for s, e in ch.elements]
+                    partial.add(n)
                 else:
                     rs = [(0, a.nbytes)]
             rs = [(s, e) for s, e in rs if e > s]
@@ -424,17 +426,25 @@ class StagedMixin:
         if use_base:
             self._dbase_fresh = True
         if ranges:
-            self._push({n: items[n] for n in ranges}, ranges)
+            self._push({n: items[n] for n in ranges}, ranges, partial & ranges.keys(), known)
 
-    def _push(self, items: Dict[str, DeviceArray], ranges: Dict[str, List[Tuple[int, int]]]) -> None:
+    def _push(self, items: Dict[str, DeviceArray], ranges: Dict[str, List[Tuple[int, int]]],
+              partial: set, known: Any) -> None:
         """Copy byte `ranges` of the store's working state into the items' tensors,
-        host->device through the staging areas, on the compute streams."""
+        host->device through the staging areas, on the compute streams. For the
+        `partial` names (ranges: the chunks that differ from version `known`) only those
+        chunks are read from the store, into a scratch buffer: ``write_into`` with
+        `known` skips the chunks the versions share, without reading or writing them."""
+        hosts: Dict[str, np.ndarray] = {}
+        if partial:
+            scratch = {n: np.empty(items[n].shape, dtype=items[n].dtype) for n in partial}
+            self.store.write_into(scratch, known=known)
+            hosts = {n: a.reshape(-1).view(np.uint8) for n, a in scratch.items()}
         by_dev: Dict[Any, List[str]] = {}
         for n, a in items.items():
             by_dev.setdefault(a.tensor.device, []).append(n)
         for dev_key, names in by_dev.items():
             dev = self._device(dev_key)
-            hosts: Dict[str, np.ndarray] = {}
             dsts: Dict[str, Any] = {}
             temps = []
             plan = []
@@ -445,7 +455,8 @@ class StagedMixin:
                     temps.append((t, tmp))
                     t = tmp
                 dsts[n] = flat_bytes(t)
-                hosts[n] = np.ascontiguousarray(self.store.get(n)).reshape(-1).view(np.uint8)
+                if n not in hosts:
+                    hosts[n] = np.ascontiguousarray(self.store.get(n)).reshape(-1).view(np.uint8)
                 plan.extend((n, s, e) for s, e in ranges[n])
             for batch in pack(plan, dev.capacity()):
                 area = dev.staging(max(off + e - s for _, s, e, off in batch))
