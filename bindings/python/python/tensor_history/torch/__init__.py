@@ -155,6 +155,15 @@ class Tracker(StagedMixin, _Tracker):
     other names are left alone. ``resume``: put the store's HEAD into the model and
     optimizer instead of committing them (default: when the store's HEAD holds a model,
     as after ``Store.open``).
+
+    Tensors on a device go through the staged path (see ``docs/gpus.md``):
+    ``staging_bytes`` bounds each device's host staging area (pinned on a GPU; a larger
+    commit goes in batches, a larger tensor in pieces); ``trial_base="device"`` keeps a
+    trial's base as device clones, within ``device_budget`` bytes (``None``: no limit;
+    over it, trials use the host with one warning); ``staged=True`` (default: the
+    environment variable ``TH_TORCH_STAGED`` is ``1``) sends CPU tensors the same way.
+    :meth:`transfers` counts the bytes moved. Bad values raise ``InvalidArgument``
+    before anything is tracked.
     """
 
     SCALARS_KEY = SCALARS_KEY
