@@ -177,6 +177,16 @@ def test_reverts_write_only_the_chunks_that_differ():
     with torch.no_grad():
         m.weight[3, 5] += 1.0  # one chunk of 64
     v1 = tr.commit("one chunk")
+    with torch.no_grad():
+        m.weight[10, 0] += 1.0  # two more chunks apart from it
+        m.weight[40, 63] += 1.0
+    v3 = tr.commit("three chunks")
+    before = tr.transfers()["to_device_bytes"]
+    tr.restore(v0)
+    assert torch.equal(m.weight, w0)
+    assert tr.transfers()["to_device_bytes"] - before == 3 * 256
+    tr.restore(v3)
+    tr.restore(v1)
     w1 = m.weight.detach().clone()
     before = tr.transfers()
     tr.restore(v0)
@@ -377,3 +387,66 @@ def test_track_staged_from_the_environment(monkeypatch):
     assert th.torch.track(m, opt, staged=False).transfers()["staged"] is False
     monkeypatch.setenv("TH_TORCH_STAGED", "0")
     assert th.torch.track(m, opt).transfers()["staged"] is False
+
+
+@pytest.mark.parametrize("setup", [
+    pytest.param({"staging_bytes": 64}, id="staging-64B"),
+    pytest.param({"staging_bytes": 1024, "trial_base": "device", "copy_in_background": True},
+                 id="device-base-background"),
+    pytest.param({"trust_versions": False, "trial_base": "device"}, id="untrusted-device-base"),
+])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_random_actions_match_deep_copies_of_every_version(setup, seed):
+    """Random keeps, rejects, in-place pokes, restores, undos and redos on the staged
+    path, against a deep copy of the state taken at every version."""
+    import random
+
+    rnd = random.Random(seed)
+    torch.manual_seed(seed)
+    m = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.Tanh(), torch.nn.Linear(16, 2))
+    opt = torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)
+    tr = th.torch.track(m, opt, store=th.Store(chunk_bytes=64), staged=True, **setup)
+    copies = {tr.store.head(): snapshot(m, opt)}
+    for i in range(40):
+        action = rnd.choice(["keep", "keep", "reject", "poke", "restore", "undo", "redo"])
+        if action in ("keep", "reject"):
+            before = snapshot(m, opt)
+            with tr.trial() as t:
+                train_small(m, opt, i)
+                if action == "keep":
+                    v = t.keep()
+                    copies[v] = snapshot(m, opt)
+            if action == "reject":
+                assert_bitwise(snapshot(m, opt), before)
+        elif action == "poke":
+            with torch.no_grad():
+                for _ in range(rnd.randrange(1, 4)):  # one to three chunks apart
+                    p = rnd.choice(list(m.parameters()))
+                    flat = p.view(-1)
+                    flat[rnd.randrange(flat.numel())] += 1.0
+            copies[tr.commit(f"poke {i}")] = snapshot(m, opt)
+        elif action == "restore":
+            v = rnd.choice(list(copies))
+            tr.restore(v)
+            assert_bitwise(snapshot(m, opt), copies[v])
+        elif action == "undo":
+            head = tr.store.head()
+            parent = tr.store.parent(head)
+            if parent is None or parent not in copies:
+                continue
+            tr.undo()
+            assert_bitwise(snapshot(m, opt), copies[parent])
+        else:
+            try:
+                v = tr.redo()
+            except th.NothingToRedo:
+                continue
+            assert_bitwise(snapshot(m, opt), copies[v])
+    tr.store.verify()
+
+
+def train_small(m, opt, seed):
+    g = torch.Generator().manual_seed(seed)
+    opt.zero_grad()
+    m(torch.randn(4, 16, generator=g)).pow(2).mean().backward()
+    opt.step()
