@@ -450,3 +450,28 @@ def train_small(m, opt, seed):
     opt.zero_grad()
     m(torch.randn(4, 16, generator=g)).pow(2).mean().backward()
     opt.step()
+
+
+def test_a_background_copy_still_reading_the_staging_area_is_not_overwritten(monkeypatch):
+    """keep() leaves its last batch in the staging area for the store's thread; the next
+    commit must not stage into that area before the store has copied it (16 MiB: the
+    store's copy takes longer than staging the next commit's bytes)."""
+    monkeypatch.setattr(_device, "CPU_LATENCY_S", 0.0)
+    torch.manual_seed(0)
+    m = torch.nn.Linear(2048, 2048, bias=False)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    tr = th.torch.track(m, opt, staged=True, copy_in_background=True, staging_bytes=32 << 20,
+                        memory_budget=None)
+    kept = {}
+    for i in range(3):
+        with tr.trial() as t:
+            with torch.no_grad():
+                m.weight.add_(1.0)
+            v = t.keep()
+        kept[v] = m.weight.detach().clone()
+        with torch.no_grad():
+            m.weight.mul_(-1.0)
+        kept[tr.commit()] = m.weight.detach().clone()
+    for v, want in kept.items():
+        tr.restore(v)
+        assert torch.equal(m.weight, want), v
