@@ -669,28 +669,39 @@ class Tracker(Checkpoints):
         text = self._dump_scalars(scalars)
         if text is not None:
             meta[self.SCALARS_KEY] = text
+        later, watched = self._sync_changed(
+            arrays, untrusted, defer and self.copy_in_background and self.trust_versions)
+        for n in gone:
+            self.store.remove(n)
+        follow_budget(self.store, lambda: sum(self._nbytes(t) for t in entries.values()))
+        if later:
+            v = self.store.commit_later(later, self._check_pending, message, **meta)
+            self._bg_pending = {n: tokens[n] for n in watched}
+            self._bg_entries = {n: entries[n] for n in watched}
+            # The memory being copied stays alive even if a tensor is pointed elsewhere.
+            self._bg_memory = [self._memory_of(entries[n]) for n in watched]
+        else:
+            v = self.store.commit(message, **meta)
+        self._extras[v] = scalars
+        self._mark_synced(entries, tokens, v)
+        return v
+
+    def _sync_changed(self, arrays: Dict[str, Any], untrusted: set,
+                      defer: bool) -> Tuple[Dict[str, np.ndarray], List[str]]:
+        """``store.sync`` the changed tensors' `arrays` (from :meth:`_np`) into the
+        working state, but, with `defer` (``copy_in_background``), leave out those a
+        commit may copy on another thread: returns them (for ``Store.commit_later``) and
+        the names among them whose tensors must not be written until the copy ended
+        (checked by their tokens when it did)."""
         later: Dict[str, np.ndarray] = {}
-        if defer and self.copy_in_background and self.trust_versions:
+        if defer:
             # Tensors whose in-place writes advance their tokens are copied on another
             # thread; the others (buffers updated inside kernels) here, now.
             later = {n: a for n, a in arrays.items()
                      if n not in untrusted and a.flags.c_contiguous}
             arrays = {n: a for n, a in arrays.items() if n not in later}
         self.store.sync(arrays)
-        for n in gone:
-            self.store.remove(n)
-        follow_budget(self.store, lambda: sum(self._nbytes(t) for t in entries.values()))
-        if later:
-            v = self.store.commit_later(later, self._check_pending, message, **meta)
-            self._bg_pending = {n: tokens[n] for n in later}
-            self._bg_entries = {n: entries[n] for n in later}
-            # The memory being copied stays alive even if a tensor is pointed elsewhere.
-            self._bg_memory = [self._memory_of(entries[n]) for n in later]
-        else:
-            v = self.store.commit(message, **meta)
-        self._extras[v] = scalars
-        self._mark_synced(entries, tokens, v)
-        return v
+        return later, list(later)
 
     # ---- copies in the background (copy_in_background) ---------------------------------
 

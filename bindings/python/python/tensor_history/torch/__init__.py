@@ -52,8 +52,17 @@ to know:
   commit ``track()`` makes, a trial's base commit, and every commit with
   ``trust_versions=False`` copy at once.)
 - Tied weights (several state_dict names over the same storage) are stored once.
-- CPU, dense (strided) tensors only: others raise ``TrialError`` (``reason="device"``,
-  ``"layout"``). Optimizer state that appears (first ``step()``) or disappears between
+- Dense (strided) tensors only: others raise ``TrialError(reason="layout")``. Tensors
+  on a device (CUDA, or any accelerator with torch's generic streams and events) go
+  through the staged path of ``tensor_history.torch._staged``: changed tensors are
+  copied device->host through a pinned staging area of ``staging_bytes`` per device,
+  reverts write back host->device only the chunks that differ, and
+  ``trial_base="device"`` keeps a trial's base on the device (within
+  ``device_budget`` bytes). ``staged=True`` (or ``TH_TORCH_STAGED=1`` in the
+  environment) sends CPU tensors the same way; ``tracker.transfers()`` counts the
+  bytes moved. A tensor found on another device than when the tracker first saw it
+  raises ``TrialError(reason="device")`` and changes nothing: track the model again
+  after moving it. Optimizer state that appears (first ``step()``) or disappears between
   versions is created or removed; ``param_groups`` hyper-parameters (learning rates, ...)
   are restored too.
 - A trial's base is the state at its entry: a change made between two trials (a
@@ -93,9 +102,11 @@ from .._errors import TrialError
 from .._tracker import (AUTO_BUDGET, DEFAULT_BUDGET_MODELS, DEFAULT_BUDGET_STATES, NotJson, Trial,
                         default_budget, tracker_store)
 from .._tracker import Tracker as _Tracker
+from ._device import DEFAULT_STAGING_BYTES
+from ._staged import STAGED_ENV, DeviceArray, StagedMixin
 
-__all__ = ["DEFAULT_BUDGET_MODELS", "DEFAULT_BUDGET_STATES", "Tracker", "Trial",
-           "default_memory_budget", "track"]
+__all__ = ["DEFAULT_BUDGET_MODELS", "DEFAULT_BUDGET_STATES", "DEFAULT_STAGING_BYTES",
+           "STAGED_ENV", "Tracker", "Trial", "default_memory_budget", "track"]
 
 
 def _torch() -> Any:
@@ -137,7 +148,7 @@ def default_memory_budget(model: Any) -> Optional[int]:
     return default_budget(model_bytes(model))
 
 
-class Tracker(_Tracker):
+class Tracker(StagedMixin, _Tracker):
     """History of a model's state_dict and an optimizer's state in a :class:`Store`.
 
     Names in the store: ``model/<state_dict key>`` and ``optim/<param index>/<key>``;
@@ -161,11 +172,24 @@ class Tracker(_Tracker):
         memory_budget: bytes of history the store the tracker makes may hold in memory
             (default: ``DEFAULT_BUDGET_STATES`` tracked states; ``None``: no budget). Not
             with ``store=``: set ``Store(memory_budget=...)`` there.
+        staging_bytes: the most bytes of each device's host staging area (pinned on a
+            GPU); a larger commit goes in batches, a larger tensor in pieces.
+        trial_base: ``"host"`` (default) keeps a trial's base in the store; ``"device"``
+            keeps it as device clones, so a rejected trial is copied back device to
+            device.
+        device_budget: the most bytes of device clones ``trial_base="device"`` may hold
+            (``None``: no limit); over it, trials use the host, with one warning.
+        staged: send CPU tensors through the staged device path too (default: the
+            environment variable ``TH_TORCH_STAGED`` is ``1``). Tensors on a device
+            always take it (see ``docs/gpus.md``); :meth:`transfers` counts the bytes
+            moved.
 
     Raises:
         TrialError: ``resume=True`` and the store holds no model.
         TypeError: ``memory_budget`` together with ``store``.
         TypeError: ``copy_in_background=True`` without an optimizer.
+        InvalidArgument: a bad ``staging_bytes``, ``trial_base`` or ``device_budget``
+            (raised before anything is tracked).
     """
 
     SCALARS_KEY = SCALARS_KEY
@@ -182,7 +206,12 @@ class Tracker(_Tracker):
         resume: Optional[bool] = None,
         copy_in_background: bool = False,
         memory_budget: Any = AUTO_BUDGET,
+        staged: Optional[bool] = None,
+        staging_bytes: int = DEFAULT_STAGING_BYTES,
+        trial_base: str = "host",
+        device_budget: Optional[int] = None,
     ) -> None:
+        self._init_staged(staged, staging_bytes, trial_base, device_budget)
         if copy_in_background and getattr(optimizer, "register_step_pre_hook", None) is None:
             raise TypeError("copy_in_background=True needs an optimizer (its step() waits "
                             "for the copy)")
@@ -230,6 +259,7 @@ class Tracker(_Tracker):
 
     def _synced_now(self) -> None:
         self._stepped = set()
+        super()._synced_now()
 
     def _forced_dirty(self, entries: Dict[str, Any]) -> set:
         if not self._stepped:
@@ -320,23 +350,25 @@ class Tracker(_Tracker):
         return new[1] == old[1] and new != old
 
     def _check(self, name: str, t: Any) -> None:
-        if t.device.type != "cpu":
-            raise TrialError(f"`{name}` is on {t.device}; only CPU tensors are tracked",
-                             reason="device")
         layout = getattr(t, "layout", None)
         if layout is not None and layout != _torch().strided:
             raise TrialError(f"`{name}` has layout {layout}; only dense (strided) tensors "
                              "are tracked", reason="layout")
+        self._check_device(name, t)
 
     def _params(self) -> list:
         return [p for g in self.optimizer.param_groups for p in g["params"]]
 
-    def _np(self, name: str, t: Any) -> np.ndarray:
-        """A writable NumPy view of the tensor's storage (bf16 and bool as bit views)."""
+    def _np(self, name: str, t: Any) -> Any:
+        """A writable NumPy view of the tensor's storage (bf16 and bool as bit views), or
+        for a tensor on the staged path a :class:`DeviceArray` (shape and dtype; its
+        bytes move through the device's staging area)."""
         torch = _torch()
         self._check(name, t)
         t = t.detach()
         self._kinds.setdefault(name, t.dtype)
+        if self._routes(t):
+            return DeviceArray(self, name, t)
         if t.dtype == torch.bfloat16:
             import ml_dtypes
 
@@ -364,7 +396,7 @@ class Tracker(_Tracker):
 
     def _set_state(self, name: str, t: Any) -> None:
         p, k = self._split(name)
-        self.optimizer.state[p][k] = t
+        self.optimizer.state[p][k] = self._new_on_device(name, t, p)
 
     def _drop_state(self, name: str) -> None:
         p, k = self._split(name)
