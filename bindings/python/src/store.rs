@@ -63,7 +63,9 @@ impl Drop for PyStore {
             .unwrap_or_else(PoisonError::into_inner);
         if let Some(p) = slot.take() {
             if p.pid == std::process::id() {
-                let _ = p.copy.join();
+                // With the GIL released: the copy thread may be waiting for it to call
+                // `ready`.
+                let _ = Python::attach(|py| py.detach(|| p.copy.join()));
             }
         }
     }
@@ -102,6 +104,8 @@ struct Pending {
     id: VersionId,
     /// The arrays being read, kept alive until the copy ended.
     _arrays: Vec<Py<PyAny>>,
+    /// What the `ready` callable raised on the copy thread (the copy was then not made).
+    ready_err: Arc<Mutex<Option<PyErr>>>,
     /// The process that started the copy (a forked child has no such thread).
     pid: u32,
 }
@@ -204,6 +208,11 @@ impl PyStore {
             })
         });
         drop(p._arrays);
+        let ready_err = p
+            .ready_err
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
         IN_CHECK.with(|c| c.set(true));
         let checked = p.check.call1(py, (copied.is_ok(),)).map(|_| ());
         IN_CHECK.with(|c| c.set(false));
@@ -230,6 +239,8 @@ impl PyStore {
         });
         drop(slot);
         match outcome {
+            // The copy was not made because `ready` raised: its exception.
+            Ok(Err(_)) if ready_err.is_some() => Err(ready_err.expect("checked")),
             Ok(r) => r.or_py(),
             // the check's own exception
             Err(()) => match checked {
@@ -682,13 +693,20 @@ impl PyStore {
     /// that cannot prevent a write detects one). The arrays are kept alive until then,
     /// and a store dropped meanwhile waits for the copy. A process forked while the copy
     /// runs gets `InvalidArgument` from its next call on this store.
-    #[pyo3(signature = (arrays, check, message = "", **metadata))]
+    ///
+    /// `ready`, when given, is called (with no arguments, holding the GIL) on the copy
+    /// thread before it reads the arrays: it returns once their bytes are in place (an
+    /// accelerator's copy into a host staging area, say). If it raises, the copy is not
+    /// made, `check(False)` is called, and the next call raises `ready`'s exception. The
+    /// four parameters are positional, so that any keyword is metadata.
+    #[pyo3(signature = (arrays, check, message = "", ready = None, /, **metadata))]
     fn commit_later(
         &self,
         py: Python<'_>,
         arrays: &Bound<'_, PyAny>,
         check: Py<PyAny>,
         message: &str,
+        ready: Option<Py<PyAny>>,
         metadata: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<PyVersion> {
         let meta = meta_from_py(metadata)?;
@@ -703,6 +721,8 @@ impl PyStore {
             }
         };
         let inner = Arc::clone(&self.inner);
+        let ready_err = Arc::new(Mutex::new(None));
+        let ready_err_copy = Arc::clone(&ready_err);
         let (id_tx, id_rx) = std::sync::mpsc::channel::<Option<VersionId>>();
         let copy = std::thread::Builder::new()
             .name("th-commit-later".into())
@@ -715,6 +735,28 @@ impl PyStore {
                     });
                 }
                 let _ = id_tx.send(Some(g.store.next_version_id()));
+                if let Some(ready) = ready {
+                    // Not holding the store's lock while this thread waits for the GIL
+                    // (a thread holding the GIL may be waiting for that lock). Every
+                    // other call on the store settles this commit first, so nothing
+                    // commits meanwhile.
+                    drop(g);
+                    let called = Python::attach(|py| ready.call0(py).map(|_| ()));
+                    if let Err(e) = called {
+                        *ready_err_copy
+                            .lock()
+                            .unwrap_or_else(PoisonError::into_inner) = Some(e);
+                        return Err(Error::InvalidArgument {
+                            reason: "the ready callable of commit_later raised".into(),
+                        });
+                    }
+                    g = inner.lock().unwrap_or_else(PoisonError::into_inner);
+                    if g.closed {
+                        return Err(Error::InvalidArgument {
+                            reason: "the store is closed".into(),
+                        });
+                    }
+                }
                 let mut views = Vec::with_capacity(raws.len());
                 for r in &raws {
                     // SAFETY: the arrays are kept alive by the pending commit until this
@@ -754,6 +796,7 @@ impl PyStore {
             meta,
             id,
             _arrays: keep,
+            ready_err,
             pid: std::process::id(),
         });
         Ok(id.into())

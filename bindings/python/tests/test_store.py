@@ -4,7 +4,9 @@ refs, history calls and errors."""
 from __future__ import annotations
 
 import os
+import gc
 import threading
+import time
 
 import ml_dtypes
 import numpy as np
@@ -551,6 +553,64 @@ def test_a_check_that_raises_gives_the_commit_up_and_puts_the_variables_back():
     assert same(s.get("a"), np.zeros(100, np.float32))
     assert same(s.get("mine"), np.full(4, 8.0))
     s.verify()
+
+
+def test_commit_later_reads_the_arrays_only_after_ready_returned():
+    s = th.Store()
+    a = np.zeros(1 << 12, np.float32)
+    s.insert("a", a)
+    s.commit("init")
+    staging = np.zeros(1 << 12, np.float32)  # filled by "the device" only later
+    go = threading.Event()
+    order = []
+
+    def ready():
+        order.append("ready")
+        assert go.wait(10)
+        staging[:] = 5  # the bytes land just before ready returns
+        order.append("landed")
+
+    v1 = s.commit_later({"a": staging}, lambda ok: order.append(("check", ok)), "later",
+                        ready, step=3, ready=True)  # a keyword is metadata, whatever its name
+    time.sleep(0.05)
+    assert order == ["ready"]  # the caller went on while ready waited
+    go.set()
+    assert s.head() == v1
+    assert order == ["ready", "landed", ("check", True)]
+    assert same(s.get("a"), np.full(1 << 12, 5, np.float32))  # what ready put there
+    assert s.metadata(v1) == {"step": 3, "ready": True}
+    s.verify()
+
+
+def test_a_ready_that_raises_makes_no_copy_and_its_exception_is_raised_once():
+    s = th.Store()
+    s.insert("a", np.zeros(16, np.float32))
+    v0 = s.commit("init")
+    told = []
+
+    def ready():
+        raise KeyError("the device copy failed")
+
+    s.commit_later({"a": np.ones(16, np.float32)}, told.append, "lost", ready)
+    with pytest.raises(KeyError, match="the device copy failed"):
+        s.settle()
+    assert told == [False]
+    assert s.head() == v0 and len(s.log()) == 1 and not s.commit_pending()
+    assert same(s.get("a"), np.zeros(16, np.float32))
+    s.verify()
+
+
+def test_a_store_dropped_while_ready_waits_does_not_hang():
+    s = th.Store()
+    s.insert("a", np.zeros(16, np.float32))
+    s.commit("init")
+    release = threading.Event()
+    s.commit_later({"a": np.ones(16, np.float32)}, lambda ok: None, "later",
+                   lambda: release.wait(0.2))
+    t0 = time.monotonic()
+    del s  # waits for the copy thread, which needs the GIL to call ready
+    gc.collect()
+    assert time.monotonic() - t0 < 10
 
 
 def test_commit_later_refuses_what_it_cannot_read_later_and_its_check_cannot_call_the_store():

@@ -214,7 +214,10 @@ def test_staging_smaller_than_one_tensor_and_a_commit_during_a_background_copy()
             v = t.keep()
         kept[v] = snapshot(m, opt)
         with torch.no_grad():
-            m[0].weight.mul_(1.0)  # written while the store may copy: staged already
+            # Written while the store may copy: a tensor larger than the staging
+            # area went in pieces that keep() waited for (only a last batch of whole
+            # tensors is left in flight).
+            m[0].weight.mul_(1.0)
         kept[tr.commit()] = snapshot(m, opt)
     for v, want in kept.items():
         tr.restore(v)

@@ -5,6 +5,7 @@ thread. Skipped without torch, unless TH_REQUIRE_TORCH=1."""
 from __future__ import annotations
 
 import os
+import threading
 import warnings
 
 import pytest
@@ -419,6 +420,9 @@ def test_random_actions_match_deep_copies_of_every_version(setup, seed):
             if action == "reject":
                 assert_bitwise(snapshot(m, opt), before)
         elif action == "poke":
+            # A write outside the optimizer while a background copy may still read the
+            # tensors would give that version up (copy_in_background): settle it first.
+            tr.store.settle()
             with torch.no_grad():
                 for _ in range(rnd.randrange(1, 4)):  # one to three chunks apart
                     p = rnd.choice(list(m.parameters()))
@@ -453,8 +457,9 @@ def train_small(m, opt, seed):
 
 
 def test_a_background_copy_still_reading_the_staging_area_is_not_overwritten(monkeypatch):
-    """keep() leaves its last batch in the staging area for the store's thread; the next
-    commit must not stage into that area before the store has copied it (16 MiB: the
+    """keep() leaves its last batch in the staging area for the store's thread (its
+    device->host copy possibly still running); the next step and commit must not write
+    the tensors or stage into that area before the store has copied it (16 MiB: the
     store's copy takes longer than staging the next commit's bytes)."""
     monkeypatch.setattr(_device, "CPU_LATENCY_S", 0.0)
     torch.manual_seed(0)
@@ -463,15 +468,63 @@ def test_a_background_copy_still_reading_the_staging_area_is_not_overwritten(mon
     tr = th.torch.track(m, opt, staged=True, copy_in_background=True, staging_bytes=32 << 20,
                         memory_budget=None)
     kept = {}
+
+    def step(g: float) -> None:
+        # The optimizer writes the weight: its step waits for the copy in flight.
+        m.weight.grad = torch.full_like(m.weight, g)
+        opt.step()
+
     for i in range(3):
         with tr.trial() as t:
-            with torch.no_grad():
-                m.weight.add_(1.0)
+            step(-10.0)
             v = t.keep()
         kept[v] = m.weight.detach().clone()
-        with torch.no_grad():
-            m.weight.mul_(-1.0)
+        step(3.0 + i)
         kept[tr.commit()] = m.weight.detach().clone()
     for v, want in kept.items():
         tr.restore(v)
         assert torch.equal(m.weight, want), v
+
+
+def test_keep_in_the_background_returns_before_its_device_to_host_copy_ran(monkeypatch):
+    """copy_in_background: keep() queues the last batch's device->host copy and returns;
+    the store's copy thread waits for it (not keep(), not a full synchronize), and the
+    optimizer's next step waits for the store's copy. The worker that plays the side
+    stream is held shut while keep() runs: a keep() that waited for its copy would only
+    return when the safety timer opens it."""
+    torch.manual_seed(0)
+    m = torch.nn.Linear(64, 64, bias=False)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    tr = th.torch.track(m, opt, staged=True, copy_in_background=True)
+    gate = threading.Event()
+    gate.set()
+    real_submit = _device._WORKER.submit
+
+    def gated(job):
+        def held():
+            gate.wait()
+            job()
+        return real_submit(held)
+
+    monkeypatch.setattr(_device._WORKER, "submit", gated)
+    safety = threading.Timer(30.0, gate.set)
+    safety.start()
+    try:
+        with tr.trial() as t:
+            m.weight.grad = torch.ones_like(m.weight)
+            opt.step()
+            want = m.weight.detach().clone()
+            gate.clear()  # the side stream stalls from here
+            v = t.keep()
+            assert not gate.is_set(), "keep() waited for its device->host copy"
+            assert tr.store.commit_pending()
+            gate.set()
+        m.weight.grad = torch.full_like(m.weight, 2.0)
+        opt.step()  # waits for the copy, then writes
+        assert not tr.store.commit_pending() and tr.store.head() == v
+        assert tr.transfers()["to_host_bytes"] >= m.weight.numel() * 4
+        tr.restore(v)
+        assert torch.equal(m.weight, want)
+    finally:
+        gate.set()
+        safety.cancel()

@@ -629,6 +629,7 @@ class Store:
             InvalidArgument: a metadata value that is not bool, int, float or str
         """
     def commit_later(self, arrays: Inputs, check: Callable[[bool], object], message: str = "",
+                     ready: Callable[[], object] | None = None, /,
                      **metadata: MetaValue) -> Version:
         """Commit `arrays` (`{name: array}`, C-contiguous) with `message` and the keyword
         arguments as metadata, as `sync(arrays)` then `commit(...)` would, but copy them
@@ -646,11 +647,18 @@ class Store:
         and a store dropped meanwhile waits for the copy. A process forked while the copy
         runs gets `InvalidArgument` from its next call on this store.
 
+        `ready`, when given, is called (with no arguments) on the copy thread before it
+        reads the arrays, and returns once their bytes are in place (an accelerator's
+        copy into a host staging area, say). If it raises, the copy is not made,
+        `check(False)` is called, and the next call raises `ready`'s exception. The
+        four parameters are positional, so that any keyword is metadata.
+
         Args:
             arrays: `{name: array}` of C-contiguous arrays to copy and commit
             check: called as `check(copied)` before the commit is made; raising
                 cancels it
             message: the commit message
+            ready: called on the copy thread before the arrays are read (default: none)
         """
     def settle(self) -> None:
         """Finish a `commit_later` in flight (see there); nothing to do without one."""

@@ -675,7 +675,8 @@ class Tracker(Checkpoints):
             self.store.remove(n)
         follow_budget(self.store, lambda: sum(self._nbytes(t) for t in entries.values()))
         if later:
-            v = self.store.commit_later(later, self._check_pending, message, **meta)
+            v = self.store.commit_later(later, self._check_pending, message, self._ready(),
+                                        **meta)
             self._bg_pending = {n: tokens[n] for n in watched}
             self._bg_entries = {n: entries[n] for n in watched}
             # The memory being copied stays alive even if a tensor is pointed elsewhere.
@@ -685,6 +686,12 @@ class Tracker(Checkpoints):
         self._extras[v] = scalars
         self._mark_synced(entries, tokens, v)
         return v
+
+    def _ready(self) -> Any:
+        """What ``Store.commit_later`` calls before it reads the arrays :meth:`_sync_changed`
+        left to it (``None``: they are in place already; the staged torch path waits for
+        its device->host copies)."""
+        return None
 
     def _sync_changed(self, arrays: Dict[str, Any], untrusted: set,
                       defer: bool) -> Tuple[Dict[str, np.ndarray], List[str]]:

@@ -9,9 +9,10 @@ What moves where:
   copied device->host into the staging area in batches that fit ``staging_bytes`` (a
   tensor larger than it goes in pieces into a host buffer of its size); the store takes
   each batch once its token completed. With ``copy_in_background=True`` the last batch
-  stays in the staging area and the store copies it on another thread while the next
-  step runs (``Store.commit_later``); the tensors themselves may be written at once
-  (the bytes were staged).
+  of the tensors only the optimizer writes is not waited for: the store's copy thread
+  waits for its token (``Store.commit_later``'s ``ready``) and copies it from the
+  staging area while the next forward and backward run, and the optimizer's next step
+  waits for that copy (its pre-hook). Buffers are copied before ``keep()`` returns.
 - **Revert** (a rejected trial, ``restore``, ``undo``, ``redo``, ``checkout``): a tensor
   known to hold the version the tracker last synced gets only the chunks that differ
   between that version and the target (``Store.diff``'s element ranges), host->device
@@ -263,7 +264,8 @@ class StagedMixin:
 
     def _pull(self, items: Dict[str, DeviceArray],
               ranges: Dict[str, List[Tuple[int, int]]], bufs: Dict[str, np.ndarray],
-              take: Any, keep_last: bool) -> Dict[str, np.ndarray]:
+              take: Any, keep_last: bool,
+              deferred: Optional[List[Any]] = None) -> Dict[str, np.ndarray]:
         """Copy byte `ranges` of each item's tensor device->host through its device's
         staging area, batch by batch. After each batch completed, ``take(arrays)`` gets
         the tensors whose bytes are all on the host now, before the staging area is
@@ -271,7 +273,11 @@ class StagedMixin:
         `bufs` as a view of the staging area, others assembled in their buffer (made
         here when missing). With `keep_last`, each device's last batch is returned
         instead, still in its staging area: the caller must let the store copy it
-        before that area is used again."""
+        before that area is used again. With `deferred` too, a last batch of whole
+        tensors is not waited for: ``(token, names)`` is appended to `deferred`, and the
+        caller must wait for the token before the returned arrays are read
+        (``Store.commit_later``'s ``ready``) and keep those tensors unwritten until
+        then."""
         last: Dict[str, np.ndarray] = {}
         by_dev: Dict[Any, List[str]] = {}
         empty = {}
@@ -298,7 +304,15 @@ class StagedMixin:
             for i, batch in enumerate(batches):
                 area = dev.staging(max(off + e - s for _, s, e, off in batch))
                 token = dev.to_host([(srcs[n][s:e], off) for n, s, e, off in batch])
-                token.wait()  # the host reads the staging area only after this
+                final = keep_last and i == len(batches) - 1
+                if (final and deferred is not None
+                        and all(n not in bufs and s == 0 and e == items[n].nbytes
+                                for n, s, e, off in batch)):
+                    # Only views of the staging area are made below: the bytes are read
+                    # once the token completed (the store's copy waits for it).
+                    deferred.append((token, [n for n, _, _, _ in batch]))
+                else:
+                    token.wait()  # the host reads the staging area only after this
                 out: Dict[str, np.ndarray] = {}
                 for n, s, e, off in batch:
                     a = items[n]
@@ -313,7 +327,7 @@ class StagedMixin:
                     left[n] -= e - s
                     if left[n] == 0:
                         out[n] = buf.view(a.dtype).reshape(a.shape)
-                if keep_last and i == len(batches) - 1:
+                if final:
                     last.update(out)
                 elif out:
                     take(out)
@@ -357,9 +371,24 @@ class StagedMixin:
                 ranges[n] = rs
             else:
                 ranges[n] = [(0, a.nbytes)] if a.nbytes else []
-        # Batch by batch into the store's working state; each device's last batch is
-        # left in its staging area for the commit to copy later (defer).
-        last = self._pull(staged, ranges, bufs, store.sync, keep_last=defer)
+        # Batch by batch into the store's working state. With `defer`, each device's
+        # last batch of tensors only the optimizer writes (their version counters are
+        # trusted) is left in its staging area for the commit to copy on another thread,
+        # without waiting for its device->host copy (the copy thread waits for it, as
+        # the optimizer's next step does through its pre-hook); buffers, which the next
+        # forward may write, are all copied now.
+        last: Dict[str, np.ndarray] = {}
+        tokens: List[Tuple[Any, List[str]]] = []
+        if defer:
+            now = {n: a for n, a in staged.items() if n in untrusted}
+            if now:
+                self._pull(now, ranges, bufs, store.sync, keep_last=False)
+            later_items = {n: a for n, a in staged.items() if n not in untrusted}
+            last = self._pull(later_items, ranges, bufs, store.sync, keep_last=True,
+                              deferred=tokens)
+        else:
+            self._pull(staged, ranges, bufs, store.sync, keep_last=False)
+        self._ready_tokens = [token for token, _ in tokens]
         if compared:
             # The clones follow the tensors they compared with (device to device).
             for n, rs in ranges.items():
@@ -368,8 +397,24 @@ class StagedMixin:
                     self._device(clone.device).copy(clone, staged[n].tensor)
             self._dbase_fresh = True
         later, watched = super()._sync_changed(plain, untrusted, defer)  # type: ignore[misc]
-        later.update(last)  # staged bytes: the tensors may be written meanwhile
+        later.update(last)
+        # Tensors whose bytes may still be in flight must not be written until the copy
+        # ended: checked by their version counters, as on the CPU path.
+        for _, names in tokens:
+            watched.extend(names)
         return later, watched
+
+    def _ready(self) -> Any:
+        """``Store.commit_later``'s ``ready``: waits for the device->host copies the last
+        commit left in flight (``None`` when there are none)."""
+        tokens, self._ready_tokens = getattr(self, "_ready_tokens", []), []
+        if not tokens:
+            return None
+
+        def ready() -> None:
+            for t in tokens:
+                t.wait()
+        return ready
 
     # ---- host -> device --------------------------------------------------------------
 
