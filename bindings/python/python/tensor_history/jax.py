@@ -112,6 +112,20 @@ def leaf_to_numpy(x: Any) -> np.ndarray:
     return a
 
 
+def _start_host_copies(leaves: List[Any]) -> None:
+    """``copy_to_host_async()`` on the JAX arrays among `leaves` that are not on the host
+    (a no-op for them otherwise; deleted arrays are left to the caller's check)."""
+    jax = _jax()
+    for x in leaves:
+        if isinstance(x, jax.Array) and not _deleted(x):
+            try:
+                on_host = all(d.platform == "cpu" for d in x.devices())
+            except Exception:  # noqa: BLE001 - an array that cannot say: read it plainly
+                continue
+            if not on_host:
+                x.copy_to_host_async()
+
+
 def leaf_like(a: np.ndarray, template: Any) -> Any:
     """A new leaf holding `a` (a fresh array from the store) of the kind of `template`:
     a JAX array on the template's devices and sharding, a typed key, a NumPy array or a
@@ -334,6 +348,10 @@ class Tracker(Checkpoints):
         clean = store.head() == self._synced_head and store.head() is not None
         held = self._leaves
         arrays = {}
+        # Arrays on an accelerator start their device->host copies all at once, so that
+        # they overlap one another instead of running one by one as each is read below.
+        _start_host_copies([x for n, x in zip(names, leaves)
+                            if not (clean and held.get(n) is x and _immutable(x))])
         for n, x in zip(names, leaves):
             # The same immutable object as at the last sync holds the same values;
             # anything else (a NumPy array may have been written in place) is compared.
