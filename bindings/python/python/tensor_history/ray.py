@@ -43,13 +43,16 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
 from ._core import GcStats, Store, Version
 from ._errors import InvalidArgument, OpenFallbackWarning
 
-__all__ = ["POINTER", "KEEP_TAG_PREFIX", "PATH_KEY", "GcResult", "Pointer", "checkpoint", "gc",
+__all__ = ["POINTER", "KEEP_TAG_PREFIX", "PATH_KEY", "RESET_TAG_PREFIX", "GcResult", "Pointer", "checkpoint", "gc",
            "gc_callback", "live_pointers", "read_pointer", "restore", "trial_branch"]
 
 #: The file a checkpoint directory holds: JSON naming the repository and the version.
 POINTER = "tensor_history.json"
 #: Tags :func:`gc` writes to keep the versions live checkpoints point to (``ray-keep/<hash>``).
 KEEP_TAG_PREFIX = "ray-keep/"
+#: Tags :func:`restore` writes on the tip a branch leaves (``ray-reset/<hash>``), until
+#: :func:`gc` finds no live checkpoint on that line.
+RESET_TAG_PREFIX = "ray-reset/"
 #: Metadata key of the path Ray persists a checkpoint's directory to (see :func:`restore`).
 PATH_KEY = "_ray.checkpoint"
 _FORMAT = "tensor-history-ray"
@@ -416,6 +419,15 @@ def restore(tracker_or_store: Any, checkpoint: Any = None, *,
         assert tracker is not None
         _rebind(tracker, opened)
     store.detach()
+    if branch in _branches(store):
+        old = store.resolve(branch)
+        if old != v:
+            # The line the branch leaves (an exploit) may still have live checkpoint
+            # directories; a repository reads only what its refs reach, so the old tip is
+            # tagged until gc() finds no directory for it.
+            tag = RESET_TAG_PREFIX + store.version_hash(old)
+            if tag not in {n for n, _, _ in store.refs()}:
+                store.tag(tag, old)
     _point_branch(store, branch, v)
     if tracker is not None:
         tracker.checkout(branch)
@@ -489,7 +501,9 @@ def gc(location: Union[str, "os.PathLike[str]"], storage_path: Union[str, "os.Pa
     is a branch tip (each trial's latest state); every other version (older steps of a
     trial, the line a PBT exploit reset a branch away from) is pruned, and the repository's
     gc deletes what only those held. Kept versions are marked by ``ray-keep/<hash>`` tags
-    in the repository, deleted again once their directory is gone.
+    in the repository, deleted again once their directory is gone; the
+    ``ray-reset/<hash>`` tags :func:`restore` puts on the tip a branch left (so that the
+    repository still reaches that line) are replaced by them.
 
     Safe while trials run: the refs are read before the directories, a checkpoint's
     version is a branch tip until the trial's next checkpoint (by when Ray holds its
@@ -516,15 +530,15 @@ def gc(location: Union[str, "os.PathLike[str]"], storage_path: Union[str, "os.Pa
             except KeyError:
                 missing.append(p.version)
         tags = {name: v for name, kind, v in store.refs()
-                if kind == "tag" and name.startswith(KEEP_TAG_PREFIX)}
+                if kind == "tag" and name.startswith((KEEP_TAG_PREFIX, RESET_TAG_PREFIX))}
         if not dry_run:
             for h, v in want.items():
                 name = KEEP_TAG_PREFIX + h
                 if name not in tags:
                     store.tag(name, v)
             for name in tags:
-                if name[len(KEEP_TAG_PREFIX):] not in want:
-                    store.delete_tag(name)
+                if name.startswith(RESET_TAG_PREFIX) or name[len(KEEP_TAG_PREFIX):] not in want:
+                    store.delete_tag(name)  # what is live has its keep tag now
             pruned = len(store.prune(keep_last=1, drop_unreachable=True).dropped)
             store.save()
         else:
