@@ -77,13 +77,8 @@ def trainable(config: Dict[str, Any]) -> None:
     start = 0
     ckpt = tune.get_checkpoint()
     if ckpt is not None:
-        try:
-            trial_id = thr.read_pointer(ckpt).trial_id or ""
-        except th.InvalidArgument:
-            # Ray deleted the directory (num_to_keep) before this trial restored it: the
-            # version is found in the repository by the checkpoint's path.
-            trial_id = "(directory deleted)"
-        v = thr.restore(tracker, location=config["location"])
+        trial_id = thr.read_pointer(ckpt).trial_id or ""
+        v = thr.restore(tracker)
         assert v is not None
         info["restored"] = tracker.store.version_hash(v)
         info["restored_from"] = trial_id

@@ -3,7 +3,7 @@
 Real Ray Tune runs (``ray.init(num_cpus=2)``, one per module) of a small torch trainable
 (tests/ray_trainable.py): PBT with 4 trials and exploits (restored tensors equal the
 exploited trial's version bit for bit, the exploit writes no chunk), two trials saving at
-once, a trial restored after its actor died, retention with ``num_to_keep=2`` and
+once, a trial restored after its actor died, retention with ``num_to_keep`` and
 ``tensor_history.ray.gc``, and the S3 variant against the test server. In-process tests
 check an exploit's bytes on disk and the errors.
 
@@ -115,7 +115,12 @@ def check_branches(loc: str, rows: Dict[str, List[Dict[str, Any]]]) -> th.Store:
 
 @pytest.fixture(scope="module")
 def pbt_run(ray_session, tmp_path_factory):
-    """4 trials, PBT over learning rates (an exploit every 2 iterations), num_to_keep=2."""
+    """4 trials, PBT over learning rates (an exploit every 2 iterations), num_to_keep=3.
+
+    With synchronous PBT a trial reports at most `perturbation_interval` checkpoints
+    between the one an exploit hands on and the exploit's restore: num_to_keep must
+    exceed that, whatever a checkpoint holds, or Ray finds the directory gone and fails
+    the trial (it warns about num_to_keep <= 2)."""
     from ray.tune.schedulers import PopulationBasedTraining
 
     tmp = tmp_path_factory.mktemp("pbt")
@@ -125,10 +130,10 @@ def pbt_run(ray_session, tmp_path_factory):
         hyperparam_mutations={"lr": [1e-3, 1e-2, 3e-2]}, quantile_fraction=0.25,
         synch=True, resample_probability=0.0)
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # PBT warns about num_to_keep <= 2
+        warnings.simplefilter("ignore")  # PBT asks for reuse_actors, reset_config
         rows = run_tune(tmp, {"lr": tune.grid_search([1e-3, 1e-2, 3e-2, 1e-2]),
                               "steps": 6, "location": loc},
-                        scheduler=pbt, num_to_keep=2, name="pbt", reuse_actors=True)
+                        scheduler=pbt, num_to_keep=3, name="pbt", reuse_actors=True)
     return loc, str(tmp / "ray"), rows
 
 
@@ -149,7 +154,7 @@ def test_pbt_exploits_restore_the_exploited_version_and_write_no_chunk(pbt_run):
         v = store.resolve(r["restored"])
         # The version of the exploited trial, bit for bit in the exploiting trial's model
         # and optimizer, and as that trial reported it when it saved it.
-        assert r["restored_from"] in (saved_by[r["restored"]], "(directory deleted)")
+        assert r["restored_from"] == saved_by[r["restored"]]
         assert r["restored_state"] == snapshot_digest(store, v)
         donor = [x for x in rows[saved_by[r["restored"]]] if x["version"] == r["restored"]]
         assert donor and donor[0]["state"] == r["restored_state"]
@@ -162,13 +167,13 @@ def test_pbt_exploits_restore_the_exploited_version_and_write_no_chunk(pbt_run):
             assert store.parent(store.resolve(r["version"])) == v
 
 
-def test_pbt_with_num_to_keep_2_and_gc_keeps_the_repository_bounded(pbt_run):
+def test_pbt_with_num_to_keep_and_gc_keeps_the_repository_bounded(pbt_run):
     loc, storage, rows = pbt_run
     live = thr.live_pointers(storage, loc)
     hashes = {p.version for p in live}
-    # num_to_keep=2 per trial, and the latest one, which Ray never deletes (after an
+    # num_to_keep=3 per trial, and the latest one, which Ray never deletes (after an
     # exploit, the exploited trial's)
-    assert 4 <= len(hashes) <= 12
+    assert 4 <= len(hashes) <= 16
     before = th.Store.open(loc)
     n_before = len(before.versions())
     before.close()
@@ -397,6 +402,7 @@ def test_bad_input_raises_and_changes_nothing(tmp_path):
     t2 = th.torch.track(m2, o2)
     with pytest.raises(OtherHistory):
         thr.checkpoint(t2, loc, branch="trials/x")
+    assert "main" in [n for n, _, _ in t2.store.refs()] and t2.store.location is None
     assert th.Store.open(loc).version_hash("trials/x") == thr.read_pointer(c).version
 
 

@@ -35,6 +35,7 @@ import json
 import os
 import shutil
 import tempfile
+import threading
 import warnings
 import weakref
 from dataclasses import dataclass
@@ -43,7 +44,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
 from ._core import GcStats, Store, Version
 from ._errors import InvalidArgument, OpenFallbackWarning
 
-__all__ = ["POINTER", "KEEP_TAG_PREFIX", "PATH_KEY", "RESET_TAG_PREFIX", "GcResult", "Pointer", "checkpoint", "gc",
+__all__ = ["POINTER", "KEEP_TAG_PREFIX", "RESET_TAG_PREFIX", "GcResult", "Pointer", "checkpoint", "gc",
            "gc_callback", "live_pointers", "read_pointer", "restore", "trial_branch"]
 
 #: The file a checkpoint directory holds: JSON naming the repository and the version.
@@ -53,8 +54,6 @@ KEEP_TAG_PREFIX = "ray-keep/"
 #: Tags :func:`restore` writes on the tip a branch leaves (``ray-reset/<hash>``), until
 #: :func:`gc` finds no live checkpoint on that line.
 RESET_TAG_PREFIX = "ray-reset/"
-#: Metadata key of the path Ray persists a checkpoint's directory to (see :func:`restore`).
-PATH_KEY = "_ray.checkpoint"
 _FORMAT = "tensor-history-ray"
 _FORMAT_VERSION = 1
 
@@ -190,24 +189,6 @@ def _point_branch(store: Store, branch: str, at: Version) -> None:
 
 # ---- checkpoint --------------------------------------------------------------------------
 
-def _upcoming_checkpoint_path() -> Optional[str]:
-    """Where Ray's next ``report`` in this Tune trial persists its checkpoint (``None``
-    where that cannot be told: outside Tune, another Ray version)."""
-    try:
-        from pathlib import PurePosixPath
-
-        from ray.train._internal.session import get_session
-
-        session = get_session()
-        st = session.storage if session is not None else None
-        if st is None:
-            return None
-        name = st._make_checkpoint_dir_name(st.current_checkpoint_index + 1)
-        return str(PurePosixPath(st.trial_fs_path) / name)
-    except Exception:  # noqa: BLE001 - Ray's internals moved: no record, no fallback
-        return None
-
-
 def _pointer_dir(p: Pointer) -> str:
     d = tempfile.mkdtemp(prefix="tensor_history_ray_")
     tmp = os.path.join(d, POINTER + ".tmp")
@@ -241,7 +222,8 @@ def checkpoint(tracker_or_store: Any, location: Union[str, "os.PathLike[str]", N
     running one trial), ``OtherHistory`` when the repository already has this trial's
     branch and the store does not descend from it (restore before checkpointing a
     restarted trial), ``InvalidArgument`` without a location or with another one than
-    the store's. Nothing is lost by a failing call: the commit stays in memory.
+    the store's. Nothing is lost by a failing call: the commit stays in memory (HEAD on
+    the trial's branch), and an in-memory store keeps its other branches.
     """
     ray = _ray()
     store = _store_of(tracker_or_store)
@@ -256,9 +238,6 @@ def checkpoint(tracker_or_store: Any, location: Union[str, "os.PathLike[str]", N
     branch = branch if branch is not None else trial_branch()
     if store.current_branch() != branch:
         store.detach()  # the commit must move no other branch
-    upcoming = _upcoming_checkpoint_path()
-    if upcoming is not None:
-        metadata = {**metadata, PATH_KEY: upcoming}
     if _is_tracker(tracker_or_store):
         v = tracker_or_store.commit(message, **metadata)
     else:
@@ -267,10 +246,15 @@ def checkpoint(tracker_or_store: Any, location: Union[str, "os.PathLike[str]", N
         _point_branch(store, branch, v)
         store.checkout(branch)  # HEAD is already at `v`: nothing is written
     if bound is None:
-        for other in _branches(store):
-            if other != branch:
-                store.delete_branch(other)
-        store.save_as(os.fspath(location))  # type: ignore[arg-type]
+        others = [(n, store.resolve(n)) for n in _branches(store) if n != branch]
+        for n, _ in others:
+            store.delete_branch(n)
+        try:
+            store.save_as(os.fspath(location))  # type: ignore[arg-type]
+        except BaseException:
+            for n, at in others:  # the store keeps its branches when nothing was saved
+                store.branch(n, at)
+            raise
     else:
         store.save()
     where = store.location
@@ -296,7 +280,7 @@ def read_pointer(ckpt: Any) -> Pointer:
         path = os.path.join(os.fspath(ckpt), POINTER)
         if not os.path.exists(path):
             raise InvalidArgument(f"`{os.fspath(ckpt)}` holds no {POINTER}: not a checkpoint "
-                                  "of tensor_history.ray.checkpoint", reason="no pointer")
+                                  "of tensor_history.ray.checkpoint", reason="not a pointer")
         with open(path, encoding="utf-8") as f:
             return Pointer.from_json(f.read(), path)
     if fs is None or base is None:
@@ -307,7 +291,7 @@ def read_pointer(ckpt: Any) -> Pointer:
             text = f.read().decode("utf-8")
     except (FileNotFoundError, OSError) as e:
         raise InvalidArgument(f"checkpoint `{base}` holds no {POINTER} ({e}): not a checkpoint "
-                              "of tensor_history.ray.checkpoint", reason="no pointer") from None
+                              "of tensor_history.ray.checkpoint", reason="not a pointer") from None
     return Pointer.from_json(text, path)
 
 
@@ -339,7 +323,6 @@ def _rebind(tracker: Any, store: Store) -> None:
 
 
 def restore(tracker_or_store: Any, checkpoint: Any = None, *,
-            location: Union[str, "os.PathLike[str]", None] = None,
             branch: Optional[str] = None) -> Optional[Version]:
     """Put the version a checkpoint points to into the tracked model and optimizer in
     place (or a store's working state), and reset the trial's branch to it.
@@ -348,22 +331,18 @@ def restore(tracker_or_store: Any, checkpoint: Any = None, *,
     Train worker); ``None`` there (a fresh trial): nothing happens and ``None`` is
     returned. Else returns the restored version. The checkpoint may come from another
     trial (a PBT exploit): its version becomes this trial's branch tip, sharing every
-    chunk; nothing is copied or written. A tracker whose store is not bound to a
-    repository yet is bound to the checkpoint's (its in-memory history is dropped); a
-    :class:`Store` must be bound to it already (``Store.open(location)``).
-
-    A checkpoint whose directory Ray deleted meanwhile (PBT hands a trial another
-    trial's checkpoint, which that trial's ``num_to_keep`` may delete before the exploit
-    restores it) is found in the repository by its path, which :func:`checkpoint`
-    records in the version's metadata (``_ray.checkpoint``): give the repository as
-    `location` (or a store bound to it). Such a version stays until a :func:`gc` finds no
-    directory for it.
+    chunk; nothing is copied or written. The tip the branch leaves is tagged
+    ``ray-reset/<hash>`` (saved with the next save) so that the repository still reaches
+    that line while Ray keeps checkpoints of it; :func:`gc` drops the tag after. A
+    tracker whose store is not bound to a repository yet is bound to the checkpoint's
+    (its in-memory history is dropped); a :class:`Store` must be bound to it already
+    (``Store.open(location)``).
 
     Cost: a refresh of the repository (new versions' metadata), then the chunks that
     differ from the model are read and written in place. Raises ``InvalidArgument`` for
-    a checkpoint without a pointer (and, its directory gone, no version of that path),
-    or of another repository than the store's; ``UnknownRef`` when its version is not in
-    the repository (collected by a gc); nothing changes then.
+    a checkpoint without a pointer or of another repository than the store's,
+    ``UnknownRef`` when its version is not in the repository (collected by a gc); nothing
+    changes then.
     """
     ray = _ray()
     if checkpoint is None:
@@ -373,44 +352,25 @@ def restore(tracker_or_store: Any, checkpoint: Any = None, *,
             checkpoint = ray.train.get_checkpoint()
         if checkpoint is None:
             return None
+    p = read_pointer(checkpoint)
     store = _store_of(tracker_or_store)
     tracker = tracker_or_store if _is_tracker(tracker_or_store) else None
     branch = branch if branch is not None else trial_branch()
-    gone: Optional[str] = None  # the path of a deleted checkpoint directory
-    try:
-        p: Optional[Pointer] = read_pointer(checkpoint)
-    except InvalidArgument as e:
-        path = getattr(checkpoint, "path", None)
-        if getattr(e, "reason", None) != "no pointer" or path is None or (
-                location is None and store.location is None):
-            raise
-        p, gone = None, str(path)
-    where = p.location if p is not None else os.fspath(
-        location if location is not None else store.location)  # type: ignore[arg-type]
     opened: Optional[Store] = None
     if store.location is None:
         if tracker is None:
             raise InvalidArgument(
                 "restore() into a store that is not bound to the checkpoint's repository: "
-                f"open it with tensor_history.Store.open({where!r})", reason="location")
-        opened = _open(where)
+                f"open it with tensor_history.Store.open({p.location!r})", reason="location")
+        opened = _open(p.location)
         store = opened
-    elif not _same_location(store.location, where):
-        raise InvalidArgument(f"the checkpoint is in `{where}`, the store saves to "
+    elif not _same_location(store.location, p.location):
+        raise InvalidArgument(f"the checkpoint is in `{p.location}`, the store saves to "
                               f"`{store.location}`", reason="location")
     else:
         store.refresh()
     try:
-        if p is not None:
-            v = store.resolve(p.version)
-        else:
-            found = [x for x in store.versions()
-                     if store.metadata(x).get(PATH_KEY) == gone]
-            if not found:
-                raise InvalidArgument(
-                    f"checkpoint `{gone}` was deleted (Ray's num_to_keep) and no version of "
-                    f"`{where}` was saved for it", reason="no pointer")
-            v = found[-1]
+        v = store.resolve(p.version)
     except Exception:
         if opened is not None:
             opened.close()
@@ -554,13 +514,14 @@ def gc_callback(location: Union[str, "os.PathLike[str]"],
                 storage_path: Union[str, "os.PathLike[str]"], *, every: int = 32,
                 grace: Optional[float] = None) -> Any:
     """A ``tune.Callback`` that runs :func:`gc` in the driver after every `every`-th
-    checkpoint Ray registers, and once when the experiment ends, so that the repository
-    stays bounded as Ray's ``num_to_keep`` deletes directories. `grace`: see :func:`gc`
-    (it must exceed the longest save of any trial). The last run's :class:`GcResult` is
-    the callback's ``last`` attribute; ``runs`` counts them.
+    checkpoint Ray registers (on a thread, one run at a time, so Tune's loop is not held
+    up), and once when the experiment ends, so that the repository stays bounded as
+    Ray's ``num_to_keep`` deletes directories. `grace`: see :func:`gc` (it must exceed
+    the longest save of any trial). The last run's :class:`GcResult` is the callback's
+    ``last`` attribute; ``runs`` counts them; an error of a run is raised at the end of
+    the experiment.
 
-    Pass it to ``tune.RunConfig(callbacks=[...])``. Cost per run: that of :func:`gc`, in
-    Tune's driver loop (trials keep training meanwhile)."""
+    Pass it to ``tune.RunConfig(callbacks=[...])``. Cost per run: that of :func:`gc`."""
     ray = _ray()
     if isinstance(every, bool) or not isinstance(every, int) or every < 1:
         raise InvalidArgument(f"every must be a whole number >= 1, got {every!r}",
@@ -570,19 +531,32 @@ def gc_callback(location: Union[str, "os.PathLike[str]"],
         def __init__(self) -> None:
             self.last: Optional[GcResult] = None
             self.runs = 0
+            self.error: Optional[BaseException] = None
             self._seen = 0
+            self._thread: Optional[threading.Thread] = None
 
         def _run(self) -> None:
-            self.last = gc(location, storage_path, grace=grace)
-            self.runs += 1
+            try:
+                self.last = gc(location, storage_path, grace=grace)
+                self.runs += 1
+            except BaseException as e:  # noqa: BLE001 - raised at the experiment's end
+                self.error = e
 
         def on_checkpoint(self, iteration: int, trials: Any, trial: Any, checkpoint: Any,
                           **info: Any) -> None:
             self._seen += 1
-            if self._seen % every == 0:
-                self._run()
+            busy = self._thread is not None and self._thread.is_alive()
+            if self._seen % every == 0 and not busy:
+                # On a thread: Tune's loop goes on (the store releases the GIL).
+                self._thread = threading.Thread(target=self._run, name="th-ray-gc",
+                                                daemon=True)
+                self._thread.start()
 
         def on_experiment_end(self, trials: Any, **info: Any) -> None:
+            if self._thread is not None:
+                self._thread.join()
             self._run()
+            if self.error is not None:
+                raise self.error
 
     return GcCallback()
