@@ -12,13 +12,13 @@ is made twice:
   trial's branch ``trials/<id>`` of one shared repository (only the chunks it lacks) and
   gives Ray a directory holding one small pointer; an exploit is a branch reset that
   copies nothing, and ``gc_callback`` lets versions go once Ray dropped their
-  directories (``--keep``, Ray's ``num_to_keep``).
+  directories (``--keep``, Ray's ``num_to_keep``, the same for both runs).
 
 It prints the disk each run used (``storage_path``, plus the repository) and its wall
 time. ``--finetune`` freezes a "pretrained" backbone shared by every trial and tunes the
 head only, as PBT fine-tuning does.
 
-    python examples/python/ray_pbt.py [--trials 8] [--iterations 12] [--keep 2] [--finetune]
+    python examples/python/ray_pbt.py [--trials 8] [--iterations 12] [--keep 4] [--finetune]
 """
 
 from __future__ import annotations
@@ -151,7 +151,7 @@ class RunResult:
 
 
 def run(mode: str, root: str, *, trials: int = 8, iterations: int = 12, interval: int = 3,
-        steps: int = 20, hidden: int = 256, finetune: bool = False, keep: Optional[int] = 2,
+        steps: int = 20, hidden: int = 256, finetune: bool = False, keep: Optional[int] = 4,
         gc_every: int = 16, grace: float = 5.0, seed: int = 0) -> RunResult:
     """One PBT run of `trials` trials in `mode` (``"th"`` or ``"default"``) under `root`."""
     storage = os.path.join(root, f"ray-{mode}")
@@ -163,7 +163,7 @@ def run(mode: str, root: str, *, trials: int = 8, iterations: int = 12, interval
         resample_probability=0.25)
     callbacks: List[Any] = []
     gc_cb: Any = None
-    if mode == "th":
+    if mode == "th" and keep is not None:
         gc_cb = thr.gc_callback(repo, storage, every=gc_every, grace=grace)
         callbacks.append(gc_cb)
     config = {"lr": tune.grid_search([LRS[i % len(LRS)] for i in range(trials)]),
@@ -186,6 +186,11 @@ def run(mode: str, root: str, *, trials: int = 8, iterations: int = 12, interval
     if errors:
         raise RuntimeError(f"{len(errors)} trials failed: {errors[0]}")
     metrics = grid.get_best_result().metrics or {}
+    if gc_cb is not None:
+        # The experiment is over, no trial saves: a last collection need not wait for
+        # the grace period (what the runs during training recorded is deleted now).
+        for _ in range(2):
+            thr.gc(repo, storage, grace=0)
     return RunResult(mode=mode, storage_bytes=disk_bytes(storage), repo_bytes=disk_bytes(repo),
                      wall_s=wall, best_loss=float(metrics.get("loss", float("nan"))),
                      exploits=int(pbt._num_perturbations),
@@ -214,8 +219,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--interval", type=int, default=3, help="PBT perturbation interval")
     ap.add_argument("--steps", type=int, default=20, help="optimizer steps per iteration")
     ap.add_argument("--hidden", type=int, default=256)
-    ap.add_argument("--keep", type=int, default=2,
-                    help="num_to_keep of the tensor_history run (0: keep all)")
+    ap.add_argument("--keep", type=int, default=4,
+                    help="num_to_keep (0: keep all); above --interval, or PBT trials fail "
+                         "when the checkpoint an exploit restores was deleted first")
     ap.add_argument("--finetune", action="store_true", help="freeze a shared backbone")
     ap.add_argument("--cpus", type=int, default=2)
     ap.add_argument("--dir", default=None, help="where to write (default: a temp dir)")
@@ -224,24 +230,19 @@ def main(argv: Optional[List[str]] = None) -> int:
     keep = args.keep or None
     init_ray(args.cpus)
     try:
-        # Ray's default keeps every checkpoint: with its own checkpoints, num_to_keep=2
-        # under PBT can delete the directory an exploit is about to restore (Ray warns;
-        # the trial then fails), which tensor_history.ray.restore survives.
-        default = run("default", root, trials=args.trials, iterations=args.iterations,
-                      interval=args.interval, steps=args.steps, hidden=args.hidden,
-                      finetune=args.finetune, keep=None)
-        ours = run("th", root, trials=args.trials, iterations=args.iterations,
-                   interval=args.interval, steps=args.steps, hidden=args.hidden,
-                   finetune=args.finetune, keep=keep)
+        results = [run(mode, root, trials=args.trials, iterations=args.iterations,
+                       interval=args.interval, steps=args.steps, hidden=args.hidden,
+                       finetune=args.finetune, keep=keep)
+                   for mode in ("default", "th")]
     finally:
         ray.shutdown()
-    print(f"PBT: {args.trials} trials x {args.iterations} iterations, "
+    default, ours = results
+    print(f"PBT: {args.trials} trials x {args.iterations} iterations, num_to_keep={keep}, "
           f"{'fine-tuning a frozen backbone' if args.finetune else 'every weight trained'}")
-    for r, name, k in ((default, "Ray default (torch.save)", None),
-                       (ours, "tensor_history.ray", keep)):
-        print(f"  {name:26s} num_to_keep={str(k):4s} disk {mib(r.total_bytes):>11s} "
-              f"(storage_path {mib(r.storage_bytes)}, repository {mib(r.repo_bytes)}), "
-              f"wall {r.wall_s:6.1f} s, best loss {r.best_loss:.4f}, {r.exploits} exploits, "
+    for r, name in ((default, "Ray default (torch.save)"), (ours, "tensor_history.ray")):
+        print(f"  {name:26s} disk {mib(r.total_bytes):>11s} (storage_path "
+              f"{mib(r.storage_bytes)}, repository {mib(r.repo_bytes)}), wall "
+              f"{r.wall_s:6.1f} s, best loss {r.best_loss:.4f}, {r.exploits} exploits, "
               f"{r.gc_runs} gc runs")
     print(f"  disk {default.total_bytes / max(ours.total_bytes, 1):.2f}x smaller, "
           f"wall time ratio {ours.wall_s / default.wall_s:.2f}")
