@@ -62,9 +62,11 @@ def _ray() -> Any:
     try:
         import ray  # noqa: F401
         from ray import tune  # noqa: F401
-    except ImportError as e:  # pragma: no cover - exercised without ray installed
-        raise ImportError(
-            "tensor_history.ray needs Ray Tune: pip install 'ray[tune]'") from e
+    except ImportError as e:
+        # A ModuleNotFoundError naming `ray`, as `import ray` itself would raise.
+        raise ModuleNotFoundError(
+            f"tensor_history.ray needs Ray Tune: pip install 'ray[tune]' ({e})",
+            name="ray") from e
     import ray
 
     return ray
