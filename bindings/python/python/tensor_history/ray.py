@@ -19,7 +19,7 @@ version (its content address). So:
   coded deltas against the trial's previous version), never a second copy of a model.
 - A PBT exploit hands trial B the checkpoint of trial A: :func:`restore` puts A's version
   into B's model in place and resets B's branch to it; no tensor byte is copied or
-  written (the save that follows writes one ref entry).
+  written (the save that follows writes ref entries only).
 - Trials in many processes save at once without conflicts (a branch each); a restarted
   trial (a killed actor) restores its last checkpoint the same way.
 - Retention follows Ray's: once Ray deleted a checkpoint directory (``num_to_keep``),
@@ -60,15 +60,13 @@ _FORMAT_VERSION = 1
 
 def _ray() -> Any:
     try:
-        import ray  # noqa: F401
-        from ray import tune  # noqa: F401
+        import ray
+        import ray.tune  # noqa: F401 - ray[tune], not only ray
     except ImportError as e:
         # A ModuleNotFoundError naming `ray`, as `import ray` itself would raise.
         raise ModuleNotFoundError(
             f"tensor_history.ray needs Ray Tune: pip install 'ray[tune]' ({e})",
             name="ray") from e
-    import ray
-
     return ray
 
 
@@ -414,7 +412,7 @@ def _walk_pointers(storage_path: str) -> Iterator[Tuple[str, str]]:
                 except FileNotFoundError:
                     continue  # deleted by Ray meanwhile
         return
-    import pyarrow.fs as pafs
+    import pyarrow.fs as pafs  # type: ignore[import-untyped]
 
     fs, base = pafs.FileSystem.from_uri(storage_path)
     infos = fs.get_file_info(pafs.FileSelector(base, recursive=True, allow_not_found=True))
@@ -529,7 +527,9 @@ def gc_callback(location: Union[str, "os.PathLike[str]"],
         raise InvalidArgument(f"every must be a whole number >= 1, got {every!r}",
                               reason="every")
 
-    class GcCallback(ray.tune.Callback):  # type: ignore[misc]
+    base: Any = ray.tune.Callback
+
+    class GcCallback(base):  # type: ignore[misc]
         def __init__(self) -> None:
             self.last: Optional[GcResult] = None
             self.runs = 0
