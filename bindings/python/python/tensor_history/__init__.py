@@ -67,7 +67,7 @@ __all__ = [
 
 def __getattr__(name: str):
     # The framework modules import their framework lazily, on first use of the attribute.
-    if name in ("torch", "tf", "keras", "jax", "lightning"):
+    if name in ("torch", "tf", "keras", "jax", "lightning", "ray"):
         import importlib
 
         return importlib.import_module("." + name, __name__)
