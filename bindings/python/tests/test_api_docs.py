@@ -38,7 +38,8 @@ import tensor_history
 PACKAGE = Path(tensor_history.__file__).parent
 STUB = PACKAGE / "_core.pyi"
 MODULES = ["tensor_history", "tensor_history.torch", "tensor_history.torch.dcp",
-           "tensor_history.tf", "tensor_history.keras", "tensor_history.jax"]
+           "tensor_history.tf", "tensor_history.keras", "tensor_history.jax",
+           "tensor_history.lightning", "tensor_history.ray"]
 # Modules whose import needs their framework: audited from source when it is absent.
 NEEDS = {"tensor_history.torch.dcp": "torch"}
 SKIP_PARAMS = {"self", "cls"}

@@ -663,8 +663,8 @@ def _open_for(ptr: Dict[str, Any], path: str) -> Store:
 
 def load_checkpoint(path: Union[str, "os.PathLike[str]"], map_location: Any = None,
                     weights_only: Optional[bool] = None) -> Dict[str, Any]:
-    """The checkpoint dict a pointer file names, as ``torch.load`` would return the file
-    ``TorchCheckpointIO`` writes: tensors bit for bit (dtype, shape, 0-d tensors), on the
+    """The checkpoint dict the pointer file at ``path`` names, as ``torch.load`` would
+    return the file ``TorchCheckpointIO`` writes: tensors bit for bit (dtype, shape, 0-d tensors), on the
     devices ``map_location`` asks for (``None``: where they were saved; a device; a dict
     from saved to wanted device; a callable ``(storage, location)``).
 
@@ -688,7 +688,9 @@ def load_from_checkpoint(model_class: Any, path: Union[str, "os.PathLike[str]"],
     """``model_class.load_from_checkpoint(path, ...)`` for a pointer file: the module
     built from the saved hyper-parameters (``kwargs`` override them), its
     ``on_load_checkpoint`` called, the state dict loaded (``strict`` as in Lightning),
-    on the device of the saved tensors (or ``map_location``'s)."""
+    on the device of the saved tensors (or ``map_location``'s). ``hparams_file``: a
+    ``.yaml`` or ``.csv`` file of hyper-parameters to use instead of the saved ones, as
+    in Lightning; ``weights_only``: as in :func:`load_checkpoint`."""
     import lightning.pytorch as pl
     from lightning.pytorch.core import saving
 
@@ -761,8 +763,9 @@ class _CheckpointIOImpl:
                 self._remove_locked(p)
     def load_checkpoint(self, path: Any, map_location: Any = None,
                         weights_only: Optional[bool] = None) -> Dict[str, Any]:
-        """The checkpoint dict the pointer at ``path`` names (see the module's
-        :func:`load_checkpoint`)."""
+        """The checkpoint dict the pointer at ``path`` names, its tensors on the devices
+        ``map_location`` asks for; pickled objects only with ``weights_only=False`` (see
+        the module's :func:`load_checkpoint`)."""
         p = os.fspath(path)
         ptr = read_pointer(p)
         with self._lock:
@@ -844,5 +847,8 @@ if TYPE_CHECKING:
 
 def __getattr__(name: str) -> Any:
     if name == "CheckpointIO":
-        return _checkpoint_io_class()
+        # Made when first asked for (it subclasses Lightning's), then a module global.
+        cls = _checkpoint_io_class()
+        globals()["CheckpointIO"] = cls
+        return cls
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -73,7 +73,8 @@ def _ray() -> Any:
 @dataclass(frozen=True)
 class Pointer:
     """What a checkpoint directory holds: the repository (``location``), the version's
-    content address (``version``, 64 hex digits), the branch and trial that saved it."""
+    content address (``version``, 64 hex digits), the ``branch`` and the trial
+    (``trial_id``, ``None`` outside Tune) that saved it."""
 
     location: str
     version: str
@@ -81,12 +82,15 @@ class Pointer:
     trial_id: Optional[str]
 
     def to_json(self) -> str:
+        """The pointer file's text (JSON, with its format and format version)."""
         return json.dumps({"format": _FORMAT, "format_version": _FORMAT_VERSION,
                            "location": self.location, "version": self.version,
                            "branch": self.branch, "trial_id": self.trial_id}, indent=1)
 
     @staticmethod
     def from_json(text: str, where: str) -> "Pointer":
+        """The pointer a pointer file's `text` holds; `where` names the file in errors.
+        Raises ``InvalidArgument`` for text that is not a pointer of this format."""
         try:
             d = json.loads(text)
         except ValueError as e:
@@ -272,8 +276,8 @@ def checkpoint(tracker_or_store: Any, location: Union[str, "os.PathLike[str]", N
 
 
 def read_pointer(ckpt: Any) -> Pointer:
-    """The :class:`Pointer` a checkpoint (a ``ray.tune.Checkpoint``, or a local directory
-    path) holds. Raises ``InvalidArgument`` when it holds none (a checkpoint Ray's
+    """The :class:`Pointer` the checkpoint `ckpt` (a ``ray.tune.Checkpoint``, or a local
+    directory path) holds. Raises ``InvalidArgument`` when it holds none (a checkpoint Ray's
     default code wrote, say)."""
     fs, base = getattr(ckpt, "filesystem", None), getattr(ckpt, "path", None)
     if (fs is None or base is None) and isinstance(ckpt, (str, os.PathLike)):
@@ -324,8 +328,9 @@ def _rebind(tracker: Any, store: Store) -> None:
 
 def restore(tracker_or_store: Any, checkpoint: Any = None, *,
             branch: Optional[str] = None) -> Optional[Version]:
-    """Put the version a checkpoint points to into the tracked model and optimizer in
-    place (or a store's working state), and reset the trial's branch to it.
+    """Put the version a checkpoint points to into the model and optimizer that
+    `tracker_or_store` tracks, in place (or into a :class:`Store`'s working state), and
+    reset the trial's branch to it.
 
     `checkpoint`: default ``tune.get_checkpoint()`` (``ray.train.get_checkpoint()`` in a
     Train worker); ``None`` there (a fresh trial): nothing happens and ``None`` is
@@ -513,7 +518,9 @@ def gc(location: Union[str, "os.PathLike[str]"], storage_path: Union[str, "os.Pa
 def gc_callback(location: Union[str, "os.PathLike[str]"],
                 storage_path: Union[str, "os.PathLike[str]"], *, every: int = 32,
                 grace: Optional[float] = None) -> Any:
-    """A ``tune.Callback`` that runs :func:`gc` in the driver after every `every`-th
+    """A ``tune.Callback`` that runs :func:`gc` (of the repository at `location`, keeping
+    what the checkpoint directories under `storage_path` point to) in the driver after
+    every `every`-th
     checkpoint Ray registers (on a thread, one run at a time, so Tune's loop is not held
     up), and once when the experiment ends, so that the repository stays bounded as
     Ray's ``num_to_keep`` deletes directories. `grace`: see :func:`gc` (it must exceed
