@@ -41,7 +41,9 @@ MODULES = ["tensor_history", "tensor_history.torch", "tensor_history.torch.dcp",
            "tensor_history.tf", "tensor_history.keras", "tensor_history.jax",
            "tensor_history.lightning", "tensor_history.ray"]
 # Modules whose import needs their framework: audited from source when it is absent.
-NEEDS = {"tensor_history.torch.dcp": "torch"}
+NEEDS = {"tensor_history.torch.dcp": "torch",
+         # CheckpointIO subclasses Lightning's: made when first asked for.
+         "tensor_history.lightning": "lightning.pytorch"}
 SKIP_PARAMS = {"self", "cls"}
 
 
@@ -264,10 +266,11 @@ def test_the_framework_modules_import_without_their_framework():
 
     code = textwrap.dedent("""
         import sys
-        for f in ("torch", "tensorflow", "keras", "jax", "jaxlib", "flax", "optax"):
+        for f in ("torch", "tensorflow", "keras", "jax", "jaxlib", "flax", "optax",
+                  "lightning", "pytorch_lightning", "ray"):
             sys.modules[f] = None
         import tensor_history.torch, tensor_history.tf, tensor_history.keras
-        import tensor_history.jax
+        import tensor_history.jax, tensor_history.lightning, tensor_history.ray
         try:
             import tensor_history.torch.dcp
         except ImportError as e:
