@@ -157,6 +157,16 @@ class _Worker:
 _WORKER = _Worker()
 
 
+def check_staging_bytes(staging_bytes: Any) -> None:
+    """``InvalidArgument`` unless `staging_bytes` is an int of at least :data:`ALIGN`."""
+    if not isinstance(staging_bytes, int) or isinstance(staging_bytes, bool) \
+            or staging_bytes < ALIGN:
+        from .._errors import InvalidArgument
+
+        raise InvalidArgument(f"staging_bytes must be an int >= {ALIGN}, got "
+                              f"{staging_bytes!r}", reason="staging_bytes")
+
+
 class Device:
     """One device's staging area, streams and transfer counts (see the module docs).
 
@@ -165,12 +175,7 @@ class Device:
     it; ``device_copy_bytes`` what :meth:`copy` moved within the device."""
 
     def __init__(self, device: Any, staging_bytes: int) -> None:
-        if not isinstance(staging_bytes, int) or isinstance(staging_bytes, bool) \
-                or staging_bytes < ALIGN:
-            from .._errors import InvalidArgument
-
-            raise InvalidArgument(f"staging_bytes must be an int >= {ALIGN}, got "
-                                  f"{staging_bytes!r}", reason="staging_bytes")
+        check_staging_bytes(staging_bytes)
         self.device = device
         self.staging_bytes = staging_bytes
         self._area: Any = None  # a uint8 host tensor

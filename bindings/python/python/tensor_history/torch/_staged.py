@@ -184,10 +184,7 @@ class StagedMixin:
         if trial_base not in TRIAL_BASES:
             raise InvalidArgument(f"trial_base must be one of {TRIAL_BASES}, got "
                                   f"{trial_base!r}", reason="trial_base")
-        if not isinstance(staging_bytes, int) or isinstance(staging_bytes, bool) \
-                or staging_bytes < _device.ALIGN:
-            raise InvalidArgument(f"staging_bytes must be an int >= {_device.ALIGN}, got "
-                                  f"{staging_bytes!r}", reason="staging_bytes")
+        _device.check_staging_bytes(staging_bytes)
         if device_budget is not None and (not isinstance(device_budget, int)
                                           or isinstance(device_budget, bool)
                                           or device_budget < 0):
@@ -206,6 +203,8 @@ class StagedMixin:
         self._dbase_version: Any = None
         self._dbase_fresh = False
         self._dbase_warned = False
+        # Tokens of device->host copies the last commit left for Store.commit_later.
+        self._ready_tokens: List[Any] = []
 
     # ---- routing ------------------------------------------------------------------
 
@@ -264,20 +263,19 @@ class StagedMixin:
 
     def _pull(self, items: Dict[str, DeviceArray],
               ranges: Dict[str, List[Tuple[int, int]]], bufs: Dict[str, np.ndarray],
-              take: Any, keep_last: bool,
+              take: Any,
               deferred: Optional[List[Any]] = None) -> Dict[str, np.ndarray]:
         """Copy byte `ranges` of each item's tensor device->host through its device's
         staging area, batch by batch. After each batch completed, ``take(arrays)`` gets
         the tensors whose bytes are all on the host now, before the staging area is
         reused: a tensor whose bytes arrived in one batch and that has no buffer in
         `bufs` as a view of the staging area, others assembled in their buffer (made
-        here when missing). With `keep_last`, each device's last batch is returned
+        here when missing). With `deferred`, each device's last batch is returned
         instead, still in its staging area: the caller must let the store copy it
-        before that area is used again. With `deferred` too, a last batch of whole
-        tensors is not waited for: ``(token, names)`` is appended to `deferred`, and the
-        caller must wait for the token before the returned arrays are read
-        (``Store.commit_later``'s ``ready``) and keep those tensors unwritten until
-        then."""
+        before that area is used again. A last batch of whole tensors is not even
+        waited for: ``(token, names)`` is appended to `deferred`, and the caller must
+        wait for the token before the returned arrays are read (``Store.commit_later``'s
+        ``ready``) and keep those tensors unwritten until then."""
         last: Dict[str, np.ndarray] = {}
         by_dev: Dict[Any, List[str]] = {}
         empty = {}
@@ -304,9 +302,8 @@ class StagedMixin:
             for i, batch in enumerate(batches):
                 area = dev.staging(max(off + e - s for _, s, e, off in batch))
                 token = dev.to_host([(srcs[n][s:e], off) for n, s, e, off in batch])
-                final = keep_last and i == len(batches) - 1
-                if (final and deferred is not None
-                        and all(n not in bufs and s == 0 and e == items[n].nbytes
+                final = deferred is not None and i == len(batches) - 1
+                if (final and all(n not in bufs and s == 0 and e == items[n].nbytes
                                 for n, s, e, off in batch)):
                     # Only views of the staging area are made below: the bytes are read
                     # once the token completed (the store's copy waits for it).
@@ -340,7 +337,7 @@ class StagedMixin:
                                        for n, a in items.items()}
         ranges = {n: [(0, a.nbytes)] for n, a in items.items()}
         done: Dict[str, np.ndarray] = {}
-        self._pull(items, ranges, bufs, done.update, keep_last=False)
+        self._pull(items, ranges, bufs, done.update)
         return done
 
     def _sync_changed(self, arrays: Dict[str, Any], untrusted: set,
@@ -377,17 +374,11 @@ class StagedMixin:
         # without waiting for its device->host copy (the copy thread waits for it, as
         # the optimizer's next step does through its pre-hook); buffers, which the next
         # forward may write, are all copied now.
-        last: Dict[str, np.ndarray] = {}
         tokens: List[Tuple[Any, List[str]]] = []
-        if defer:
-            now = {n: a for n, a in staged.items() if n in untrusted}
-            if now:
-                self._pull(now, ranges, bufs, store.sync, keep_last=False)
-            later_items = {n: a for n, a in staged.items() if n not in untrusted}
-            last = self._pull(later_items, ranges, bufs, store.sync, keep_last=True,
-                              deferred=tokens)
-        else:
-            self._pull(staged, ranges, bufs, store.sync, keep_last=False)
+        self._pull({n: a for n, a in staged.items() if not defer or n in untrusted},
+                   ranges, bufs, store.sync)
+        last = self._pull({n: a for n, a in staged.items() if defer and n not in untrusted},
+                          ranges, bufs, store.sync, deferred=tokens)
         self._ready_tokens = [token for token, _ in tokens]
         if compared:
             # The clones follow the tensors they compared with (device to device).
@@ -407,7 +398,7 @@ class StagedMixin:
     def _ready(self) -> Any:
         """``Store.commit_later``'s ``ready``: waits for the device->host copies the last
         commit left in flight (``None`` when there are none)."""
-        tokens, self._ready_tokens = getattr(self, "_ready_tokens", []), []
+        tokens, self._ready_tokens = self._ready_tokens, []
         if not tokens:
             return None
 
