@@ -21,7 +21,7 @@ import tensor_history as th  # noqa: E402
 import tensor_history.torch  # noqa: E402,F401
 from tensor_history.torch import _device  # noqa: E402
 from test_torch import (_deepcopy, _model_and_optimizer, _optimizer_cases,  # noqa: E402
-                        _train, assert_bitwise, snapshot)
+                        accept_reject_against_deepcopies, assert_bitwise, snapshot)
 
 torch.set_num_threads(1)
 
@@ -137,25 +137,8 @@ def test_every_optimizer_matches_a_deepcopy_run_through_the_staged_path(name, va
     m, opt = _model_and_optimizer(name, variant)
     if setup.get("copy_in_background") and name == "SparseAdam":
         setup = {k: v for k, v in setup.items() if k != "copy_in_background"}
-    ref_m, ref_opt = _deepcopy(m, opt)
     tr = th.torch.track(m, opt, staged=True, **setup)
-    sparse = name == "SparseAdam"
-    for i in range(6):
-        accept = i % 3 != 1
-        saved = _deepcopy(ref_m, ref_opt)
-        _train(ref_m, ref_opt, i, sparse)
-        if not accept:
-            ref_m, ref_opt = saved
-            for g in ref_opt.param_groups:
-                g["lr"] /= 2
-        with tr.trial() as t:
-            _train(m, opt, i, sparse)
-            if accept:
-                t.keep(loss=float(i))
-        if not accept:
-            for g in opt.param_groups:
-                g["lr"] /= 2
-        assert_bitwise(snapshot(m, opt), snapshot(ref_m, ref_opt))
+    accept_reject_against_deepcopies(m, opt, tr, sparse=name == "SparseAdam")
     # every version kept restores bit for bit
     tr.store.verify()
     assert tr.transfers()["to_host_bytes"] > 0
