@@ -347,16 +347,15 @@ class Tracker(Checkpoints):
         store = self.store
         clean = store.head() == self._synced_head and store.head() is not None
         held = self._leaves
-        arrays = {}
+        # The same immutable object as at the last sync holds the same values; anything
+        # else (a NumPy array may have been written in place) is compared.
+        read = [(n, x) for n, x in zip(names, leaves)
+                if not (clean and held.get(n) is x and _immutable(x))]
         # Arrays on an accelerator start their device->host copies all at once, so that
         # they overlap one another instead of running one by one as each is read below.
-        _start_host_copies([x for n, x in zip(names, leaves)
-                            if not (clean and held.get(n) is x and _immutable(x))])
-        for n, x in zip(names, leaves):
-            # The same immutable object as at the last sync holds the same values;
-            # anything else (a NumPy array may have been written in place) is compared.
-            if clean and held.get(n) is x and _immutable(x):
-                continue
+        _start_host_copies([x for _, x in read])
+        arrays = {}
+        for n, x in read:
             if _deleted(x):
                 raise TrialError(f"leaf `{n}` was deleted (donated to a jitted step)",
                                  reason="deleted")
