@@ -64,6 +64,11 @@ pub(crate) struct GcArgs {
     /// is smaller, rewriting their packs (decodes and encodes those chunks).
     #[arg(long, conflicts_with = "dry_run")]
     rebase: bool,
+    /// Keep the chunks of pruned versions that kept versions' delta chains need,
+    /// instead of coding those kept chunks again (against the nearest kept version's,
+    /// or whole) so that the pruned ones go.
+    #[arg(long)]
+    keep_chains: bool,
     /// Delete only data that a previous gc found unreferenced at least this many seconds
     /// ago, so that a save running in another process never loses data. 0 deletes at
     /// once: only safe when nothing else writes to the repository.
@@ -164,6 +169,7 @@ pub(crate) fn gc(mut repo: Repo, out: &Output, args: &GcArgs) -> CliResult<()> {
     options.delete_within = std::time::Duration::from_secs(args.delete_within);
     options.dry_run = args.dry_run;
     options.rebase = args.rebase;
+    options.unchain = !args.keep_chains;
     let stats = repo.store.gc_with(&options).context(&ctx);
     bar.finish_and_clear();
     let stats = stats?;
@@ -177,6 +183,7 @@ pub(crate) fn gc(mut repo: Repo, out: &Output, args: &GcArgs) -> CliResult<()> {
             "bytes_deleted": stats.bytes_deleted,
             "packs_rewritten": stats.packs_rewritten,
             "chunks_rebased": stats.chunks_rebased,
+            "chunks_unchained": stats.chunks_unchained,
             "rewritten_bytes_before": stats.rewritten_bytes_before,
             "rewritten_bytes_after": stats.rewritten_bytes_after,
             "indexes_merged": stats.indexes_merged,
@@ -197,10 +204,12 @@ pub(crate) fn gc(mut repo: Repo, out: &Output, args: &GcArgs) -> CliResult<()> {
     );
     if stats.packs_rewritten > 0 {
         println!(
-            "rewritten packs: {} -> {} ({} chunks re-based as deltas)",
+            "rewritten packs: {} -> {} ({} chunks re-based as deltas, {} coded again off \
+             pruned versions' chains)",
             bytes(stats.rewritten_bytes_before),
             bytes(stats.rewritten_bytes_after),
-            stats.chunks_rebased
+            stats.chunks_rebased,
+            stats.chunks_unchained
         );
     }
     if stats.indexes_merged > 0 {

@@ -410,6 +410,43 @@ fn gc_rebase_stores_parts_written_whole_as_deltas_and_refuses_a_dry_run() {
     assert!(out.contains("0 packs rewritten"), "{out}");
 }
 
+#[test]
+fn gc_unchains_kept_versions_off_pruned_ones_unless_told_to_keep_chains() {
+    // Dense steps saved with deltas; every version but the last two pruned: their
+    // chunks' chains run through the pruned ones.
+    let d = tempfile::tempdir().unwrap();
+    let repo = d.path().join("repo");
+    let mut s = Store::open(&repo).unwrap();
+    let mut w: Vec<f32> = (0..200_000).map(|i| (i as f32 * 0.01).sin()).collect();
+    s.insert("w", &ndarray::Array1::from_vec(w.clone()))
+        .unwrap();
+    for step in 0..6 {
+        s.write("w", &ndarray::Array1::from_vec(w.clone())).unwrap();
+        s.commit(&format!("step {step}")).unwrap();
+        s.save().unwrap();
+        w.iter_mut().for_each(|x| *x *= 1.0 - 3e-5);
+    }
+    s.prune(&tensor_history::Retention::keep_last(2)).unwrap();
+    s.save().unwrap();
+    drop(s);
+    let kept = th(
+        Some(&repo),
+        &["--json", "gc", "--grace", "0", "--keep-chains"],
+    )
+    .ok()
+    .json();
+    assert_eq!(kept["chunks_unchained"], 0, "{kept}");
+    let bytes_before = dir_bytes(&repo);
+    let v = th(Some(&repo), &["--json", "gc", "--grace", "0"])
+        .ok()
+        .json();
+    // Step 4 is coded again (whole: no kept version is older), step 5 stays its delta.
+    assert_eq!(v["chunks_unchained"], 4, "{v}");
+    th(Some(&repo), &["gc", "--grace", "0"]).ok();
+    assert!(dir_bytes(&repo) < bytes_before, "{v}");
+    th(Some(&repo), &["verify"]).ok();
+}
+
 /// An exported file is created as other tools create files: 0666 less the umask (0644
 /// under the usual 022), not the 0600 of a temporary file.
 #[cfg(unix)]

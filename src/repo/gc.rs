@@ -22,7 +22,7 @@ use super::index::read_index_files;
 use super::pack::{
     check_raw, read_manifest, read_stored, write_pack, Form, Loc, Span, Stored, WrittenPack,
 };
-use super::rebase::{code_pack, Graph, GraphVersion, Planned, REBASE_BELOW};
+use super::rebase::{code_pack, free_forms, Forms, Graph, GraphVersion, Planned, REBASE_BELOW};
 use super::refs;
 use super::RepoLink;
 use crate::error::{Error, Result};
@@ -54,8 +54,9 @@ pub struct GcOptions {
     /// with only their live chunks (default 0.5).
     pub repack_below: f64,
     /// Write and delete nothing: only report what a run with these options would do
-    /// (`objects_deleted` and `bytes_deleted` then count what it would delete, and
-    /// `packs_rewritten` the packs it would rewrite, whose freed bytes are not counted).
+    /// (`objects_deleted` and `bytes_deleted` then count what it would delete, the
+    /// packs it would rewrite included, `packs_rewritten` those packs and
+    /// `chunks_unchained` the chunks it would code again; re-basing is not tried).
     pub dry_run: bool,
     /// How long a run may go on deleting once it announced its deletions (default
     /// [`DEFAULT_DELETE_WITHIN`]). The run's generation entry carries the deadline; the
@@ -75,6 +76,20 @@ pub struct GcOptions {
     /// chunks; a dry run does not try it. Format-1 repositories are left as they are.
     #[serde(default)]
     pub rebase: bool,
+    /// Free what pruned versions leave behind inside delta chains (default `true`). A
+    /// chunk of a live version stored as a delta needs its base, and that base's base:
+    /// chunks of versions that were pruned stay as long as such a chain needs them.
+    /// With `unchain`, each chunk of a live version whose chain needs a chunk that only
+    /// pruned versions hold is coded again (against the same chunk of its nearest live
+    /// ancestor, or whole) and its pack rewritten; a later run (this one with no grace)
+    /// then deletes the pruned versions' chunks. Costs a decode and an encode of those
+    /// chunks; a dry run does not try it. Format-1 repositories have no deltas.
+    #[serde(default = "yes")]
+    pub unchain: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 impl Default for GcOptions {
@@ -85,6 +100,7 @@ impl Default for GcOptions {
             dry_run: false,
             delete_within: DEFAULT_DELETE_WITHIN,
             rebase: false,
+            unchain: true,
         }
     }
 }
@@ -114,12 +130,17 @@ pub struct GcStats {
     pub objects_deleted: usize,
     /// Bytes of the objects deleted.
     pub bytes_deleted: u64,
-    /// Packs rewritten: mostly-dead ones with only their live chunks, and (with
+    /// Packs rewritten: mostly-dead ones with only their live chunks, those holding
+    /// chunks that were unchained ([`GcOptions::unchain`]), and (with
     /// [`GcOptions::rebase`]) those whose chunks were re-based.
     pub packs_rewritten: usize,
     /// Chunks stored whole that were written again as deltas ([`GcOptions::rebase`]).
     #[serde(default)]
     pub chunks_rebased: usize,
+    /// Chunks of live versions coded again because their delta chains needed chunks
+    /// that only pruned versions hold ([`GcOptions::unchain`]).
+    #[serde(default)]
+    pub chunks_unchained: usize,
     /// Bytes of the packs those rewrites replaced, and of the packs written for them.
     #[serde(default)]
     pub rewritten_bytes_before: u64,
@@ -358,6 +379,9 @@ impl Packs {
     }
 }
 
+/// In a dry run, the pack that serves the chunks of the packs a run would rewrite.
+const DRY_RUN_PACK: ContentHash = ContentHash([0; 32]);
+
 /// The objects of one listing, by key.
 type Listed<'a> = HashMap<&'a str, &'a ObjectInfo>;
 
@@ -371,8 +395,12 @@ fn gc_into(b: &mut RepoLink, options: &GcOptions, held: &[ContentHash]) -> Resul
 
     // List and mark.
     let objects = backend.list("")?;
-    let rebase = options.rebase && !options.dry_run && b.chunks.format() != FORMAT_V1;
-    let mut graph = rebase.then(Graph::default);
+    // A dry run plans the unchaining (from metadata) but not the re-basing (which
+    // keeps a delta only where coding it shows a saving).
+    let coding = b.chunks.format() != FORMAT_V1;
+    let rebase = coding && options.rebase && !options.dry_run;
+    let unchain = coding && options.unchain;
+    let mut graph = (rebase || unchain).then(Graph::default);
     let (indexes, supersedes) = read_indexes(backend, &objects)?;
     let packed: HashMap<ContentHash, Loc> = indexes
         .iter()
@@ -388,6 +416,8 @@ fn gc_into(b: &mut RepoLink, options: &GcOptions, held: &[ContentHash]) -> Resul
         })
         .collect();
     let mut live = mark(backend, &objects, &packed, held, graph.as_mut())?;
+    // The chunks of live versions, before their chains' bases join them.
+    let version_live = unchain.then(|| live.chunks.clone());
     keep_bases(&mut live, &indexes);
     stats.versions_live = live.versions;
     stats.chunks_live = live.chunks.len() - live.packed_manifests;
@@ -395,10 +425,28 @@ fn gc_into(b: &mut RepoLink, options: &GcOptions, held: &[ContentHash]) -> Resul
 
     // Rewrite mostly-dead packs: new pack and index first, then the old pack is garbage.
     let mut packs = serving_packs(&indexes, &listed, &live);
+    let unchained = version_live.map(|v| free_chains(&mut packs, &v, &live.chunks));
     let mut rewrite = plan_repack(&packs, options.repack_below);
-    let rebased = graph.map(|g| plan_rebase(&g, &indexes, &packs, &mut rewrite));
+    let rebased = graph.map(|g| {
+        let plan = Plan {
+            graph: &g,
+            rebase,
+            unchained: unchained.as_ref(),
+        };
+        plan_rebase(&plan, &indexes, &packs, &mut rewrite)
+    });
     if options.dry_run {
+        // Each rewritten pack would then serve nothing: count it with what a run
+        // deletes. `DRY_RUN_PACK` stands for the packs a run would write.
         stats.packs_rewritten = rewrite.len();
+        for r in &rewrite {
+            for (id, _) in &r.chunks {
+                packs.serving.insert(*id, DRY_RUN_PACK);
+            }
+        }
+        stats.chunks_unchained = rebased
+            .as_ref()
+            .map_or(0, |r| r.planned.values().filter(|p| p.required).count());
     } else if !rewrite.is_empty() {
         repack(b, &rewrite, rebased.as_ref(), &mut packs, &mut stats)?;
     }
@@ -559,18 +607,128 @@ fn plan_repack(packs: &Packs, repack_below: f64) -> Vec<Rewrite> {
     rewrite
 }
 
-/// The re-basing plan of one gc run: what each live chunk's served form is, and the
-/// planned deltas (see `rebase.rs`).
+/// What pruned versions left inside delta chains (see [`GcOptions::unchain`]).
+struct Unchained {
+    /// Chunks that gc keeps only as the bases of live chunks' deltas.
+    base_only: HashSet<ContentHash>,
+    /// Chunks of live versions with no stored form free of `base_only`.
+    stranded: HashSet<ContentHash>,
+    /// Every stored form of each chunk of a live version.
+    forms: Forms,
+    /// The chunks of live versions that have a free form.
+    free: HashSet<ContentHash>,
+}
+
+impl Unchained {
+    /// Whether a stored form needs no chunk of `base_only` once the `planned` chunks
+    /// are coded again (each planned chunk's chain is free: see `Graph::unchain`).
+    fn form_free(&self, span: &Span, planned: &HashMap<ContentHash, Planned>) -> bool {
+        span.base().is_none_or(|b| {
+            !self.base_only.contains(&b) && (self.free.contains(&b) || planned.contains_key(&b))
+        })
+    }
+}
+
+/// Find the chunks of live versions whose chains need chunks that only pruned versions
+/// hold; serve each chunk that has a form free of them from that form (so that the
+/// packs of the other forms can go), and say which chunks are stranded (no such form).
+/// O(index entries · chain bound).
+fn free_chains(
+    packs: &mut Packs,
+    version_live: &HashSet<ContentHash>,
+    live: &HashSet<ContentHash>,
+) -> Unchained {
+    let base_only: HashSet<ContentHash> = live.difference(version_live).copied().collect();
+    let mut out = Unchained {
+        base_only,
+        stranded: HashSet::new(),
+        forms: HashMap::new(),
+        free: HashSet::new(),
+    };
+    if out.base_only.is_empty() {
+        return out;
+    }
+    for (pack, chunks) in &packs.chunks {
+        for (id, span) in chunks {
+            if version_live.contains(id) {
+                out.forms.entry(*id).or_default().push(Loc {
+                    pack: *pack,
+                    span: *span,
+                });
+            }
+        }
+    }
+    let free = free_forms(&out.forms, version_live, &out.base_only);
+    out.free = free
+        .iter()
+        .filter(|(_, f)| f.is_some())
+        .map(|(c, _)| *c)
+        .collect();
+    let none = HashMap::new();
+    // Packs holding a form that is not free (as things stand, before any planning).
+    let mut unfree: HashSet<ContentHash> = HashSet::new();
+    for (id, locs) in &out.forms {
+        for loc in locs {
+            if !out.form_free(&loc.span, &none) {
+                unfree.insert(loc.pack);
+            }
+        }
+        let Some(serving) = packs.serving.get(id).copied() else {
+            continue;
+        };
+        match free.get(id).copied().flatten() {
+            None => {
+                out.stranded.insert(*id);
+            }
+            Some(f) => {
+                let served_free = locs
+                    .iter()
+                    .any(|l| l.pack == serving && out.form_free(&l.span, &none));
+                if !served_free {
+                    packs.serving.insert(*id, f.pack);
+                }
+            }
+        }
+    }
+    // A chunk that such a pack serves (a manifest beside the old forms, say) is served
+    // from another pack where one holds it in a free form: the old pack then serves
+    // nothing and goes as it is, instead of being written again each run until its
+    // grace period ends.
+    for (id, locs) in &out.forms {
+        if packs.serving.get(id).is_some_and(|p| unfree.contains(p)) {
+            if let Some(other) = locs
+                .iter()
+                .find(|l| !unfree.contains(&l.pack) && out.form_free(&l.span, &none))
+            {
+                packs.serving.insert(*id, other.pack);
+            }
+        }
+    }
+    out
+}
+
+/// What one gc run codes again: the graph of live versions, whether to re-base chunks
+/// stored whole, and what pruned versions left inside chains.
+struct Plan<'a> {
+    graph: &'a Graph,
+    rebase: bool,
+    unchained: Option<&'a Unchained>,
+}
+
+/// The coding plan of one gc run: what each live chunk's served form is, and the
+/// planned chunks (see `rebase.rs`).
 struct Rebased {
     served: HashMap<ContentHash, Loc>,
     planned: HashMap<ContentHash, Planned>,
 }
 
-/// Plan the re-basing of chunks stored whole, and add each pack serving a planned chunk
-/// to `rewrite` (marked optional: `repack` rewrites it only if that shrinks it enough).
+/// Plan the unchaining of stranded chunks and (with `rebase`) the re-basing of chunks
+/// stored whole, and add the packs to write again to `rewrite`: each serving a
+/// stranded chunk or holding a form that is not free (required), each serving a chunk
+/// to re-base (optional: `repack` rewrites it only if that shrinks it enough).
 /// O(live chunks + index entries).
 fn plan_rebase(
-    graph: &Graph,
+    plan: &Plan<'_>,
     indexes: &[(String, IndexBody)],
     packs: &Packs,
     rewrite: &mut Vec<Rewrite>,
@@ -586,27 +744,72 @@ fn plan_rebase(
             }
         }
     }
-    let bases: HashSet<ContentHash> = indexes
+    let mut planned = match plan.unchained {
+        Some(u) => plan.graph.unchain(&served, &u.stranded, &u.base_only),
+        None => HashMap::new(),
+    };
+    if plan.rebase {
+        let bases: HashSet<ContentHash> = indexes
+            .iter()
+            .flat_map(|(_, body)| body.packs.iter().flat_map(|p| &p.chunks))
+            .filter_map(|e| e.span.base())
+            .collect();
+        planned = plan.graph.plan(&served, &bases, planned);
+    }
+    // A planned chunk whose served form is already the planned delta stays as it is
+    // (its base is coded again instead).
+    let unchanged: HashSet<ContentHash> = planned
         .iter()
-        .flat_map(|(_, body)| body.packs.iter().flat_map(|p| &p.chunks))
-        .filter_map(|e| e.span.base())
+        .filter(|(c, p)| {
+            p.required && p.base.is_some() && served.get(c).is_some_and(|l| l.span.base() == p.base)
+        })
+        .map(|(c, _)| *c)
         .collect();
-    let planned = graph.plan(&served, &bases);
-    let planned_packs: HashSet<ContentHash> = planned
-        .keys()
-        .filter_map(|c| served.get(c).map(|l| l.pack))
-        .collect();
-    let listed: HashSet<ContentHash> = rewrite.iter().map(|r| r.pack).collect();
-    for pack in planned_packs.difference(&listed) {
-        let chunks = packs.chunks[pack]
+    let mut required: HashSet<ContentHash> = HashSet::new();
+    let mut optional: HashSet<ContentHash> = HashSet::new();
+    for (c, p) in &planned {
+        if unchanged.contains(c) {
+            continue;
+        }
+        if let Some(l) = served.get(c) {
+            if p.required {
+                required.insert(l.pack);
+            } else {
+                optional.insert(l.pack);
+            }
+        }
+    }
+    // Every pack still holding a form that is not free, so that the form goes.
+    if let Some(u) = plan.unchained {
+        for loc in u.forms.values().flatten() {
+            if !u.form_free(&loc.span, &planned) {
+                required.insert(loc.pack);
+            }
+        }
+    }
+    planned.retain(|c, _| !unchanged.contains(c));
+    for r in rewrite.iter_mut() {
+        required.remove(&r.pack);
+        optional.remove(&r.pack);
+    }
+    let wanted = required
+        .iter()
+        .map(|p| (p, false))
+        .chain(optional.difference(&required).map(|p| (p, true)));
+    for (pack, optional) in wanted {
+        let chunks: Vec<PackChunk> = packs.chunks[pack]
             .iter()
             .filter(|c| packs.serving.get(&c.0) == Some(pack))
             .copied()
             .collect();
+        if chunks.is_empty() {
+            // It serves nothing: it is garbage as it is.
+            continue;
+        }
         rewrite.push(Rewrite {
             pack: *pack,
             chunks,
-            optional: true,
+            optional,
         });
     }
     Rebased { served, planned }
@@ -650,10 +853,15 @@ fn repack(
             .map(|(id, span)| {
                 coded
                     .get(id)
-                    .map_or(span.stored_len(), |c| c.1.len() as u64)
+                    .map_or(span.stored_len(), |c| c.bytes.len() as u64)
             })
             .sum();
         if *optional && after as f64 > REBASE_BELOW * before as f64 {
+            continue;
+        }
+        if coded.is_empty() && chunks.len() == packs.chunks[pack].len() {
+            // The same pack again (the same id): writing it over the durable one could
+            // only tear it.
             continue;
         }
         // Chunks move in their stored forms (a delta stays a delta against the same
@@ -662,10 +870,10 @@ fn repack(
         // `None`: the delta in `coded`.
         let mut data: Vec<(ContentHash, Span, Option<Bytes>)> = Vec::with_capacity(chunks.len());
         for (id, span) in chunks {
-            if let Some((base, bytes)) = coded.get(id) {
+            if let Some(c) = coded.get(id) {
                 let span = Span {
-                    len: bytes.len() as u64,
-                    form: Form::Delta(base.0),
+                    len: c.bytes.len() as u64,
+                    form: c.form,
                     ..*span
                 };
                 data.push((*id, span, None));
@@ -683,7 +891,9 @@ fn repack(
             data.push((*id, *span, Some(stored)));
         }
         stats.packs_rewritten += 1;
-        stats.chunks_rebased += coded.len();
+        let unchained = coded.values().filter(|c| c.required).count();
+        stats.chunks_unchained += unchained;
+        stats.chunks_rebased += coded.len() - unchained;
         stats.rewritten_bytes_before += before;
         stats.rewritten_bytes_after += after;
         let moving: Vec<Stored<'_>> = data
@@ -692,7 +902,7 @@ fn repack(
                 id: *h,
                 bytes: std::borrow::Cow::Borrowed(match d {
                     Some(stored) => &stored[..],
-                    None => &coded[h].1[..],
+                    None => &coded[h].bytes[..],
                 }),
                 raw_len: span.raw_len,
                 form: span.form,
@@ -761,8 +971,17 @@ fn unreferenced(
             id_of_key(k, "thpack").is_some_and(|p| {
                 let d = packs.dead(&p);
                 if d {
-                    candidate_chunks
-                        .extend(packs.chunks.get(&p).into_iter().flatten().map(|c| c.0 .0));
+                    // A live chunk of a dead pack is served by another (a rewrite moved
+                    // it): it stays, and saves need not write it again.
+                    candidate_chunks.extend(
+                        packs
+                            .chunks
+                            .get(&p)
+                            .into_iter()
+                            .flatten()
+                            .filter(|c| !live.chunks.contains(&c.0))
+                            .map(|c| c.0 .0),
+                    );
                 }
                 d
             })

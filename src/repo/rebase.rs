@@ -31,9 +31,9 @@ use rayon::prelude::*;
 use super::backend::Backend;
 use super::chunks::MAX_READ_CHAIN;
 use super::format::{corrupt, pack_key, Manifest};
-use super::pack::{read_stored, Loc, MAX_DELTA_CHAIN};
+use super::pack::{read_stored, Form, Loc, MAX_DELTA_CHAIN};
 use crate::buffer::Bytes;
-use crate::codec::{self, MIN_SAVING_DIVISOR};
+use crate::codec::{self, Method, MIN_SAVING_DIVISOR};
 use crate::error::{Error, Result};
 use crate::hash::ContentHash;
 
@@ -58,12 +58,43 @@ pub(crate) struct Graph {
     pub(crate) pruned_parent: HashMap<ContentHash, Option<ContentHash>>,
 }
 
-/// A planned delta: the base's id, the chunk's raw length and element width.
+/// A chunk planned to be coded again: its base's id (none: stored whole), its raw
+/// length and element width, and whether it must be (`required`: an unchained chunk,
+/// whose stored form needs a chunk that only pruned versions hold) or only where the
+/// delta saves at least 1/[`MIN_SAVING_DIVISOR`] of its stored form (re-basing).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Planned {
-    pub(crate) base: ContentHash,
+    pub(crate) base: Option<ContentHash>,
     pub(crate) len: usize,
     pub(crate) width: usize,
+    pub(crate) required: bool,
+}
+
+/// Links of `id`'s chain (its own included) with the planned forms, or `None` if it
+/// passes through `avoid` or a `blocked` chunk, a link is not served, or it is longer
+/// than readers follow.
+fn chain_links(
+    planned: &HashMap<ContentHash, Planned>,
+    served: &HashMap<ContentHash, Loc>,
+    id: ContentHash,
+    avoid: ContentHash,
+    blocked: impl Fn(&ContentHash) -> bool,
+) -> Option<usize> {
+    let mut cur = id;
+    for n in 1..=MAX_READ_CHAIN {
+        if cur == avoid || blocked(&cur) {
+            return None;
+        }
+        let next = match planned.get(&cur) {
+            Some(p) => p.base,
+            None => served.get(&cur)?.span.base(),
+        };
+        match next {
+            Some(b) => cur = b,
+            None => return Some(n),
+        }
+    }
+    None
 }
 
 impl Graph {
@@ -120,6 +151,89 @@ impl Graph {
         order
     }
 
+    /// Plan the coding of the `stranded` chunks (live chunks of live versions whose
+    /// every stored form needs a chunk of `base_only`, which only pruned versions hold
+    /// and which gc keeps only as a base): each is coded again against the chunk at the
+    /// same index of the same variable in its version's nearest live first parent, or
+    /// whole where it has none or where that base's chain (planned forms included)
+    /// already has [`MAX_DELTA_CHAIN`] links or passes through a chunk not yet planned.
+    /// Parents come first, so a chain of live versions becomes a chain of deltas
+    /// between them. O(live chunks of the versions · chain bound).
+    pub(crate) fn unchain(
+        &self,
+        served: &HashMap<ContentHash, Loc>,
+        stranded: &HashSet<ContentHash>,
+        base_only: &HashSet<ContentHash>,
+    ) -> HashMap<ContentHash, Planned> {
+        let mut planned: HashMap<ContentHash, Planned> = HashMap::new();
+        if stranded.is_empty() {
+            return planned;
+        }
+        for (i, parent) in self.parents_first() {
+            let v = &self.versions[i];
+            let parent_vars: HashMap<&str, &ContentHash> = parent
+                .map(|p| &self.versions[p])
+                .into_iter()
+                .flat_map(|p| p.vars.iter().map(|(n, m)| (n.as_str(), m)))
+                .collect();
+            for (name, m) in &v.vars {
+                let Some(cur) = self.manifests.get(m) else {
+                    continue;
+                };
+                let prev = parent_vars
+                    .get(name.as_str())
+                    .and_then(|pm| self.manifests.get(pm))
+                    .filter(|p| {
+                        p.dtype == cur.dtype
+                            && p.chunk_elems == cur.chunk_elems
+                            && p.chunks.len() == cur.chunks.len()
+                    });
+                for (k, &c) in cur.chunks.iter().enumerate() {
+                    if !stranded.contains(&c) || planned.contains_key(&c) {
+                        continue;
+                    }
+                    let len = cur.chunk_len(k);
+                    let base = prev
+                        .filter(|p| p.chunk_len(k) == len && len > 0)
+                        .map(|p| p.chunks[k])
+                        .filter(|&b| {
+                            let blocked = |x: &ContentHash| {
+                                base_only.contains(x)
+                                    || (stranded.contains(x) && !planned.contains_key(x))
+                            };
+                            chain_links(&planned, served, b, c, blocked)
+                                .is_some_and(|links| links < MAX_DELTA_CHAIN)
+                        });
+                    planned.insert(
+                        c,
+                        Planned {
+                            base,
+                            len,
+                            width: cur.dtype.size(),
+                            required: true,
+                        },
+                    );
+                }
+            }
+        }
+        // Every live chunk is a chunk of a live version; any other is stored whole.
+        for c in stranded {
+            if let (false, Some(loc)) = (planned.contains_key(c), served.get(c)) {
+                let len = usize::try_from(loc.span.raw_len).unwrap_or(usize::MAX);
+                planned.insert(
+                    *c,
+                    Planned {
+                        base: None,
+                        len,
+                        width: 1,
+                        required: true,
+                    },
+                );
+            }
+        }
+        planned
+    }
+
     /// Plan the deltas (see the module doc). `served` is each live chunk's stored form
     /// (where gc reads it); `bases` every id that some index entry names as a base.
     /// O(live chunks of the versions · chain bound).
@@ -127,28 +241,12 @@ impl Graph {
         &self,
         served: &HashMap<ContentHash, Loc>,
         bases: &HashSet<ContentHash>,
+        mut planned: HashMap<ContentHash, Planned>,
     ) -> HashMap<ContentHash, Planned> {
-        let mut planned: HashMap<ContentHash, Planned> = HashMap::new();
-        let mut used: HashSet<ContentHash> = HashSet::new();
-        // Links of `id`'s chain (its own included) with the planned deltas, and whether
-        // it passes through `avoid`; `None` if a link is not served or too deep.
+        let mut used: HashSet<ContentHash> = planned.values().filter_map(|p| p.base).collect();
         let chain =
             |planned: &HashMap<ContentHash, Planned>, id: ContentHash, avoid: ContentHash| {
-                let mut cur = id;
-                for n in 1..=MAX_READ_CHAIN {
-                    if cur == avoid {
-                        return None;
-                    }
-                    let next = match planned.get(&cur) {
-                        Some(p) => Some(p.base),
-                        None => served.get(&cur)?.span.base(),
-                    };
-                    match next {
-                        Some(b) => cur = b,
-                        None => return Some(n),
-                    }
-                }
-                None
+                chain_links(planned, served, id, avoid, |_| false)
             };
         for (i, parent) in self.parents_first() {
             let (v, Some(parent)) = (&self.versions[i], parent.map(|p| &self.versions[p])) else {
@@ -197,9 +295,10 @@ impl Graph {
                     planned.insert(
                         c,
                         Planned {
-                            base,
+                            base: Some(base),
                             len,
                             width: cur.dtype.size(),
+                            required: false,
                         },
                     );
                     used.insert(base);
@@ -260,35 +359,122 @@ fn load_raw(
         .map_err(|e| corrupt(&key, format!("chunk {id}: {e}")))
 }
 
-/// A chunk coded as a delta: its base's id and the encoded bytes.
-pub(crate) type Delta = (ContentHash, Vec<u8>);
+/// Every stored form of the live chunks: the packs holding each and where.
+pub(crate) type Forms = HashMap<ContentHash, Vec<Loc>>;
 
-/// Code the planned chunks of one pack as deltas against their bases, in parallel: each
-/// chunk whose delta is at least 1/[`MIN_SAVING_DIVISOR`] smaller than its stored form,
-/// with its base and that delta's encoded bytes (`delta`: the one the repository's
-/// format stores). A chunk or base that cannot be read is an error (gc then deletes
-/// nothing).
+/// For each chunk of `version_live` (the chunks of live versions), a stored form that
+/// needs no chunk of `base_only` (a *free* form: stored whole, or a delta whose base is
+/// a chunk of a live version with a free form; `None` if it has none: it is
+/// *stranded*), and whether each of its forms is free. Chains longer than readers
+/// follow, and cycles through chunks stored in two forms, count as not free.
+/// O(forms · chain bound).
+pub(crate) fn free_forms(
+    forms: &Forms,
+    version_live: &HashSet<ContentHash>,
+    base_only: &HashSet<ContentHash>,
+) -> HashMap<ContentHash, Option<Loc>> {
+    fn free(
+        c: ContentHash,
+        depth: usize,
+        forms: &Forms,
+        base_only: &HashSet<ContentHash>,
+        memo: &mut HashMap<ContentHash, Option<Loc>>,
+    ) -> Option<Loc> {
+        if let Some(known) = memo.get(&c) {
+            return *known;
+        }
+        if depth >= MAX_READ_CHAIN || base_only.contains(&c) {
+            return None;
+        }
+        // In progress: a cycle through `c` is not free.
+        memo.insert(c, None);
+        let mut found = None;
+        for loc in forms.get(&c).into_iter().flatten() {
+            let ok = match loc.span.base() {
+                None => true,
+                Some(b) => free(b, depth + 1, forms, base_only, memo).is_some(),
+            };
+            if ok {
+                found = Some(*loc);
+                if loc.span.base().is_none() {
+                    break;
+                }
+            }
+        }
+        memo.insert(c, found);
+        found
+    }
+    let mut memo: HashMap<ContentHash, Option<Loc>> = HashMap::new();
+    for c in version_live {
+        free(*c, 0, forms, base_only, &mut memo);
+    }
+    memo.retain(|c, _| version_live.contains(c));
+    memo
+}
+
+/// A planned chunk as coded: its stored form and bytes.
+pub(crate) struct Coded {
+    pub(crate) form: Form,
+    pub(crate) bytes: Vec<u8>,
+    pub(crate) required: bool,
+}
+
+/// Code the planned chunks of one pack, in parallel: each required one (unchained) in
+/// the smallest form [`codec::encode_with`] finds against its planned base (or whole),
+/// each other one as a delta against its base where that is at least
+/// 1/[`MIN_SAVING_DIVISOR`] smaller than its stored form (`delta`: the one the
+/// repository's format stores). A chunk or base that cannot be read is an error (gc
+/// then deletes nothing).
 pub(crate) fn code_pack(
     backend: &dyn Backend,
     served: &HashMap<ContentHash, Loc>,
     planned: &HashMap<ContentHash, Planned>,
     chunks: &[ContentHash],
     delta: codec::Delta,
-) -> Result<HashMap<ContentHash, Delta>> {
+) -> Result<HashMap<ContentHash, Coded>> {
     let jobs: Vec<(ContentHash, Planned, u64)> = chunks
         .iter()
         .filter_map(|c| Some((*c, *planned.get(c)?, served.get(c)?.span.stored_len())))
         .collect();
-    let coded: Vec<Option<(ContentHash, Delta)>> = crate::parallel::install(|| {
+    let coded: Vec<Option<(ContentHash, Coded)>> = crate::parallel::install(|| {
         jobs.par_iter()
             .map(
-                |(c, p, stored_len)| -> Result<Option<(ContentHash, Delta)>> {
+                |(c, p, stored_len)| -> Result<Option<(ContentHash, Coded)>> {
                     let raw = load_raw(backend, served, *c, p.len)?;
-                    let base = load_raw(backend, served, p.base, p.len)?;
-                    let e = codec::encode_as(delta.method(), &raw, p.width, Some((&p.base, &base)));
+                    let base = match p.base {
+                        Some(b) => Some((b, load_raw(backend, served, b, p.len)?)),
+                        None => None,
+                    };
+                    let base = base.as_ref().map(|(h, bytes)| (h, &bytes[..]));
+                    if p.required {
+                        let e = codec::encode_with(&raw, p.width, base, delta);
+                        let (form, bytes) = match (e.method(), e.base()) {
+                            (Method::Planes, _) => (Form::Planes, e.into_bytes()),
+                            (m, Some(b)) if m.is_delta() => (Form::Delta(b.0), e.into_bytes()),
+                            _ => (Form::Raw, raw.to_vec()),
+                        };
+                        return Ok(Some((
+                            *c,
+                            Coded {
+                                form,
+                                bytes,
+                                required: true,
+                            },
+                        )));
+                    }
+                    let Some((b, _)) = base else {
+                        return Ok(None);
+                    };
+                    let e = codec::encode_as(delta.method(), &raw, p.width, base);
                     let limit = stored_len - stored_len / MIN_SAVING_DIVISOR as u64;
-                    Ok((e.method().is_delta() && e.len() as u64 <= limit)
-                        .then(|| (*c, (p.base, e.into_bytes()))))
+                    Ok((e.method().is_delta() && e.len() as u64 <= limit).then(|| {
+                        let coded = Coded {
+                            form: Form::Delta(b.0),
+                            bytes: e.into_bytes(),
+                            required: false,
+                        };
+                        (*c, coded)
+                    }))
                 },
             )
             .collect::<Result<Vec<_>>>()

@@ -1074,10 +1074,13 @@ fn a_gc_by_another_store_keeps_the_bases_of_deltas_whose_versions_it_pruned() {
     // Another store keeps only the last version: its chunks are deltas whose chains run
     // back through the pruned versions' chunks to `dense 0`, all of them in packs of
     // pruned versions.
+    // Without unchaining, gc keeps those chunks as the bases of the kept deltas.
     let mut b = open_dense(&dir);
     b.prune(&Retention::keep_last(1)).unwrap();
     b.save().unwrap();
-    let gc = b.gc_with(&GcOptions::immediate()).unwrap();
+    let mut keep_chains = GcOptions::immediate();
+    keep_chains.unchain = false;
+    let gc = b.gc_with(&keep_chains).unwrap();
     assert!(gc.objects_deleted >= 5, "{gc:?}");
     assert_eq!(dense_reads_back(&dir), [5]);
     // The first store, which still lists the pruned versions, builds on its HEAD: after
@@ -1090,6 +1093,40 @@ fn a_gc_by_another_store_keeps_the_bases_of_deltas_whose_versions_it_pruned() {
         st.stored_pack_bytes * 2 < st.stored_bytes,
         "chains not read as deltas: {st:?}"
     );
+    // A gc that unchains (the default) codes `dense 5` again (whole: no live version
+    // is older) and keeps `dense 6` as its delta on it; the pruned chunks go.
+    let before = pack_bytes(&dir);
+    for _ in 0..2 {
+        b.gc_with(&GcOptions::immediate()).unwrap();
+    }
+    assert_eq!(dense_reads_back(&dir), [5, 6]);
+    let after = pack_bytes(&dir);
+    assert!(after < before, "{before} -> {after}");
+    let st = open_dense(&dir).stats();
+    assert!(
+        st.stored_pack_bytes * 4 < st.stored_bytes * 3,
+        "dense 6 is no delta on dense 5: {st:?}"
+    );
+}
+
+/// Bytes of the repository's pack files.
+fn pack_bytes(dir: &tempfile::TempDir) -> u64 {
+    walk(&dir.path().join("packs"))
+}
+
+fn walk(p: &std::path::Path) -> u64 {
+    std::fs::read_dir(p).map_or(0, |rd| {
+        rd.flatten()
+            .map(|e| {
+                let m = e.metadata().unwrap();
+                if m.is_dir() {
+                    walk(&e.path())
+                } else {
+                    m.len()
+                }
+            })
+            .sum()
+    })
 }
 
 #[test]

@@ -334,6 +334,9 @@ pub(crate) struct PyGcStats {
     packs_rewritten: usize,
     /// Chunks stored whole that were written again as deltas (`rebase`).
     chunks_rebased: usize,
+    /// Chunks of live versions coded again because their delta chains needed chunks
+    /// that only pruned versions hold (`unchain`).
+    chunks_unchained: usize,
     /// Bytes of the packs rewritten, before and after.
     rewritten_bytes_before: u64,
     /// Bytes of the packs written for them.
@@ -353,6 +356,7 @@ impl From<GcStats> for PyGcStats {
             bytes_deleted: s.bytes_deleted,
             packs_rewritten: s.packs_rewritten,
             chunks_rebased: s.chunks_rebased,
+            chunks_unchained: s.chunks_unchained,
             rewritten_bytes_before: s.rewritten_bytes_before,
             rewritten_bytes_after: s.rewritten_bytes_after,
             indexes_merged: s.indexes_merged,
@@ -365,14 +369,16 @@ impl PyGcStats {
     fn __repr__(&self) -> String {
         format!(
             "GcStats(versions_live={}, chunks_live={}, candidates_recorded={}, \
-             objects_deleted={}, bytes_deleted={}, packs_rewritten={}, chunks_rebased={})",
+             objects_deleted={}, bytes_deleted={}, packs_rewritten={}, chunks_rebased={}, \
+             chunks_unchained={})",
             self.versions_live,
             self.chunks_live,
             self.candidates_recorded,
             self.objects_deleted,
             self.bytes_deleted,
             self.packs_rewritten,
-            self.chunks_rebased
+            self.chunks_rebased,
+            self.chunks_unchained
         )
     }
 }
@@ -415,10 +421,12 @@ pub(crate) fn gc_options(
     dry_run: bool,
     delete_within: Option<f64>,
     rebase: bool,
+    unchain: bool,
 ) -> Result<GcOptions, Error> {
     let mut o = GcOptions::default();
     o.dry_run = dry_run;
     o.rebase = rebase;
+    o.unchain = unchain;
     if let Some(g) = grace {
         o.grace = Duration::try_from_secs_f64(g).map_err(|_| Error::InvalidArgument {
             reason: format!("grace must be a finite number of seconds >= 0, not {g}"),

@@ -441,8 +441,13 @@ impl PyStore {
     /// that writes again what the run may delete waits until the run is done or past
     /// this deadline. `rebase`: also store chunks that were saved whole (DCP saves,
     /// parts) as deltas against their parent version's chunks where that is smaller,
-    /// rewriting their packs (not tried by a dry run). GIL released.
-    #[pyo3(signature = (*, grace = None, repack_below = None, dry_run = false, delete_within = None, rebase = false))]
+    /// rewriting their packs (not tried by a dry run). `unchain` (default true): code
+    /// again the chunks of live versions whose delta chains need chunks that only
+    /// pruned versions hold, so that those go (a later run, this one with `grace=0`).
+    /// GIL released.
+    #[pyo3(signature = (*, grace = None, repack_below = None, dry_run = false, delete_within = None, rebase = false, unchain = true))]
+    // Each of Python's keyword arguments is a parameter here.
+    #[allow(clippy::too_many_arguments)]
     fn gc(
         &self,
         py: Python<'_>,
@@ -451,8 +456,10 @@ impl PyStore {
         dry_run: bool,
         delete_within: Option<f64>,
         rebase: bool,
+        unchain: bool,
     ) -> PyResult<PyGcStats> {
-        let o = persist::gc_options(grace, repack_below, dry_run, delete_within, rebase).or_py()?;
+        let o = persist::gc_options(grace, repack_below, dry_run, delete_within, rebase, unchain)
+            .or_py()?;
         self.run(py, |i| i.store.gc_with(&o))
             .or_py()
             .map(Into::into)

@@ -367,6 +367,49 @@ def test_gc_rebase_stores_parts_written_whole_as_deltas_and_reads_them_back(tmp_
     assert r.gc(grace=0, rebase=True).chunks_rebased == 0
 
 
+def test_gc_unchains_kept_versions_so_that_pruned_versions_in_their_chains_go(tmp_path):
+    # Dense steps saved with deltas; only every fourth version and the last are kept.
+    # Their chunks' delta chains run through the pruned versions: gc codes them again.
+    def history(loc):
+        s = th.Store()
+        w = np.sin(np.arange(200_000, dtype=np.float32) * 0.01)
+        s.insert("w", w)
+        kept = {}
+        s.save_as(loc)
+        for i in range(12):
+            v = s.commit(f"step {i}")
+            if i % 4 == 1 or i == 11:
+                s.tag(f"k{i}", v)
+                kept[f"k{i}"] = w.copy()
+            s.save()
+            w = w * np.float32(1 - 3e-5 * (1 + i % 3))
+            s.write("w", w)
+        s.prune(keep_last=1, drop_unreachable=True)
+        s.save()
+        return s, kept
+
+    def pack_bytes(loc):
+        return sum(p.stat().st_size for p in (loc / "packs").rglob("*") if p.is_file())
+
+    chains, unchain = tmp_path / "chains", tmp_path / "unchain"
+    a, _ = history(chains)
+    for _ in range(2):
+        assert a.gc(grace=0, unchain=False).chunks_unchained == 0
+    s, kept = history(unchain)
+    dry = s.gc(grace=0, dry_run=True)
+    first = s.gc(grace=0)
+    # k1, k5, k9 and k11, each 4 chunks (w is 800 KB in chunks of 256 KiB)
+    assert first.chunks_unchained == dry.chunks_unchained == 4 * 4, first
+    s.gc(grace=0)
+    assert pack_bytes(unchain) < 0.6 * pack_bytes(chains)
+    r = th.Store.open(unchain)
+    r.verify()
+    for tag, want in kept.items():
+        assert same(r.snapshot(tag)["w"], want), tag
+    assert r.gc(grace=0).chunks_unchained == 0
+    assert "chunks_unchained=0" in repr(r.gc(grace=0))
+
+
 def test_gc_merges_the_index_files_of_many_saves_into_one(tmp_path):
     s = th.Store()
     w = np.zeros(1000, np.float32)

@@ -279,6 +279,10 @@ class GcStats:
     def chunks_rebased(self) -> int:
         """Chunks stored whole that were written again as deltas (`rebase`)."""
     @property
+    def chunks_unchained(self) -> int:
+        """Chunks of live versions coded again because their delta chains needed chunks
+        that only pruned versions hold (`unchain`)."""
+    @property
     def rewritten_bytes_before(self) -> int:
         """Bytes of the packs rewritten, before and after."""
     @property
@@ -507,7 +511,7 @@ class Store:
         """
     def gc(self, *, grace: float | None = None, repack_below: float | None = None,
            dry_run: bool = False, delete_within: float | None = None,
-           rebase: bool = False) -> GcStats:
+           rebase: bool = False, unchain: bool = True) -> GcStats:
         """Delete repository objects no saved ref or HEAD reaches, in two phases: a run
         records candidates, a run `grace` seconds later (default 3600) deletes them, so a
         concurrent save never loses data (`grace=0` only with a single writer). Packs with
@@ -517,7 +521,10 @@ class Store:
         that writes again what the run may delete waits until the run is done or past
         this deadline. `rebase`: also store chunks that were saved whole (DCP saves,
         parts) as deltas against their parent version's chunks where that is smaller,
-        rewriting their packs (not tried by a dry run). GIL released.
+        rewriting their packs (not tried by a dry run). `unchain` (default true): code
+        again the chunks of live versions whose delta chains need chunks that only
+        pruned versions hold, so that those go (a later run, this one with `grace=0`).
+        GIL released.
 
         Args:
             grace: seconds between the run that records candidates and the run that
@@ -529,6 +536,8 @@ class Store:
                 deletions (default 30)
             rebase: also store chunks saved whole as deltas against their parent
                 version's chunks where that is smaller
+            unchain: code again the chunks of live versions whose delta chains need
+                chunks of pruned versions (default true)
         """
     def version_hash(self, ref: Ref) -> str:
         """The content address of version `ref` (64 hex digits): the same in every process
