@@ -40,6 +40,13 @@ one repository (a pointer in the directory).
                               fine-tuning of a pretrained model: the head is tuned)
 Runs alternate; times and bytes are medians of `--reps` runs (bytes move with PBT's
 random choices and with how far gc got); the fine-tuning row is one run each.
+
+`--floor` adds, for the baseline's own checkpoints (the Lightning runs' kept `.ckpt`
+files; the checkpoints of one Ray default keep-all run, and nothing else of Ray), the
+rows `<scenario>_disk_floor_{h0,h1}`: the baseline's bytes against the floors of
+`_floor.py` (each tensor coded whole or as a difference against any earlier checkpoint,
+under an order-0 or a byte-context entropy model of its byte planes). Their ratio is the
+most a store coding these tensors under that model could reach.
 """
 
 from __future__ import annotations
@@ -58,13 +65,14 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
 sys.path.insert(0, HERE)
 
+import _floor  # noqa: E402
 import tensor_history as th  # noqa: E402
 from _report import Report, disk_bytes  # noqa: E402
 
 CHECKPOINTS = 20
 
 
-def lightning_part(report: Report, workdir: str, quick: bool) -> None:
+def lightning_part(report: Report, workdir: str, quick: bool, floor: bool = False) -> None:
     """The Lightning rows: `tensor_history.lightning.CheckpointIO` against
     `TorchCheckpointIO` in the same process, same disk, same seeds."""
     import lightning as L
@@ -152,6 +160,8 @@ def lightning_part(report: Report, workdir: str, quick: bool) -> None:
             loads.append(time.perf_counter() - t0)
             del ck
         inner.teardown()
+        if floor and kind == "torch":
+            lightning_floor(report, f"lightning_{'finetune' if frozen else 'dense'}", ckdir)
         return disk_bytes(d), plugin.saves, statistics.median(loads), len(os.listdir(ckdir))
 
     for scenario, frozen in (("dense", False), ("finetune", True)):
@@ -172,7 +182,29 @@ def lightning_part(report: Report, workdir: str, quick: bool) -> None:
         report.add(f"{name}_resume_ms", "ms", lt, lh)
 
 
-def ray_report(report: Report, reps: int, quick: bool) -> None:
+def lightning_floor(report: Report, name: str, ckdir: str) -> None:
+    """The floor rows of `_floor.py` for the checkpoints Lightning kept in `ckdir`
+    (`torch.load`-ed, ordered by global step; each tensor against any earlier one)."""
+    import torch
+
+    files = [os.path.join(ckdir, f) for f in os.listdir(ckdir) if f.endswith(".ckpt")]
+    cks = [torch.load(f, map_location="cpu", weights_only=False) for f in files]
+    cks.sort(key=lambda c: c["global_step"])
+    floor_rows(report, f"{name}[TorchCheckpointIO]", sum(os.path.getsize(f) for f in files),
+               [_floor.flat_tensors(c) for c in cks])
+
+
+def floor_rows(report: Report, name: str, baseline_bytes: int, cks: List[Any]) -> None:
+    """Rows `<name>_disk_floor_{h0,h1}`: the baseline's bytes against each floor (the
+    ratio is the most any store coding these tensors under that model could reach)."""
+    f = _floor.floor_of(cks, _floor.earlier)
+    print(f"  {name}: {len(cks)} checkpoints, {f['raw'] / 1e6:.1f} MB of tensors, floors "
+          f"h0 {f['h0'] / 1e6:.1f} MB, h1 {f['h1'] / 1e6:.1f} MB", file=sys.stderr, flush=True)
+    for model in ("h0", "h1"):
+        report.add(f"{name}_disk_floor_{model}", "MB", baseline_bytes / 1e6, f[model] / 1e6)
+
+
+def ray_report(report: Report, reps: int, quick: bool, floor: bool = False) -> None:
     """The Ray Tune rows (see the module docs)."""
     sys.path.insert(0, os.path.join(ROOT, "examples", "python"))
     import ray
@@ -185,11 +217,13 @@ def ray_report(report: Report, reps: int, quick: bool) -> None:
     iterations = 6 if quick else 12
     ray_pbt.init_ray(2)
 
-    def one(mode: str, keep: Any, finetune: bool) -> Any:
+    def one(mode: str, keep: Any, finetune: bool, inspect: Any = None) -> Any:
         root = tempfile.mkdtemp(prefix="trainers_report_")
         try:
             res = ray_pbt.run(mode, root, trials=8, iterations=iterations, interval=3,
                               keep=keep, finetune=finetune)
+            if inspect is not None:
+                inspect(root)
         finally:
             shutil.rmtree(root, ignore_errors=True)
         print(f"  {mode} keep={keep} finetune={finetune}: {res.total_bytes} B, "
@@ -197,7 +231,22 @@ def ray_report(report: Report, reps: int, quick: bool) -> None:
               file=sys.stderr)
         return res
 
+    def ray_floor(root: str) -> None:
+        # Every torch.save file the default run kept, by iteration.
+        found = []
+        for d, _, files in os.walk(os.path.join(root, "ray-default")):
+            for f in files:
+                if f == "state.pt":
+                    ck = torch.load(os.path.join(d, f), map_location="cpu")
+                    found.append((ck["iteration"], d, os.path.getsize(os.path.join(d, f)), ck))
+        found.sort(key=lambda x: (x[0], x[1]))
+        floor_rows(report, "pbt8_keepall", sum(x[2] for x in found),
+                   [_floor.flat_tensors(x[3]) for x in found])
+
     try:
+        if floor:
+            one("default", None, False, ray_floor)
+            return
         # Both keep every checkpoint (Ray's default), then both num_to_keep=4 (above the
         # perturbation interval: PBT's exploited checkpoint must outlive its restore).
         for keep, name in ((None, "pbt8_keepall"), (4, "pbt8_keep4")):
@@ -221,8 +270,9 @@ def ray_report(report: Report, reps: int, quick: bool) -> None:
 
 #: Each trainer's part: (report, the parsed arguments, a scratch directory).
 PARTS = {
-    "lightning": lambda report, args, workdir: lightning_part(report, workdir, args.quick),
-    "ray": lambda report, args, workdir: ray_report(report, args.reps, args.quick),
+    "lightning": lambda report, args, workdir: lightning_part(report, workdir, args.quick,
+                                                              args.floor),
+    "ray": lambda report, args, workdir: ray_report(report, args.reps, args.quick, args.floor),
 }
 
 
@@ -233,6 +283,9 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true",
                     help="a smaller model (lightning), 6 iterations (ray)")
     ap.add_argument("--reps", type=int, default=3, help="alternated runs of each (ray)")
+    ap.add_argument("--floor", action="store_true",
+                    help="also the floors of _floor.py for the baseline's checkpoints (ray: "
+                         "only the default keep-all run and its floor)")
     ap.add_argument("--dir", default=None, help="where checkpoints go (default: a temp dir)")
     args = ap.parse_args()
     print(f"machine: {platform.machine()}, {os.cpu_count()} cpus, python "

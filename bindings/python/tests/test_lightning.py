@@ -376,11 +376,15 @@ def test_fit_with_top_k_and_save_last_keeps_files_and_tags_in_step(tmp_path):
     same(model.state_dict(), last["state_dict"])
     same(tr.optimizers[0].state_dict(), last["optimizer_states"][0])
     assert last["global_step"] == tr.global_step
-    # every pointer names its own tag's version
+    # every pointer names its own tag's version, and the history holds only those:
+    # saving last.ckpt again pruned the version it named before
     with th.Store.open(repo, create=False) as s:
+        named = set()
         for f in files:
             ptr = thl.read_pointer(tmp_path / "ckpts" / f)
             assert s.version_hash(ptr["tag"]) == ptr["version"]
+            named.add(ptr["version"])
+        assert {s.version_hash(v) for v in s.versions()} == named
 
 
 def test_every_n_train_steps(tmp_path):

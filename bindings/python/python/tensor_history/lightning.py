@@ -27,7 +27,8 @@ saves becomes one version of the repository at ``location`` on ``branch``:
   the pointer is written, and the pointer is replaced atomically.
 - ``remove_checkpoint`` (``ModelCheckpoint`` dropping a checkpoint out of its top k)
   deletes the pointer and the tag, and prunes versions that no tag or branch tip holds
-  any more; ``Store.gc`` (or the CLI's ``gc``) then deletes their data from the
+  any more, as does saving again under a file name that named another version
+  (``last.ckpt``); ``Store.gc`` (or the CLI's ``gc``) then deletes their data from the
   repository.
 
 Lightning and torch are imported when first used: ``import tensor_history.lightning``
@@ -525,9 +526,12 @@ def _write_pointer(path: str, doc: Dict[str, Any]) -> None:
 # ---------------------------------------------------------------------- save / load
 
 
-def _save(store: Store, branch: str, checkpoint: Dict[str, Any], path: str) -> Dict[str, Any]:
+def _save(store: Store, branch: str, checkpoint: Dict[str, Any], path: str,
+          prune: bool = False) -> Dict[str, Any]:
     """Commit `checkpoint` as one version on `branch`, tag it after `path`, save the
-    repository, then write the pointer. Returns the pointer's fields."""
+    repository, then write the pointer; with `prune`, if the tag named another version
+    before, prune what no tag, branch tip or HEAD holds and save. Returns the pointer's
+    fields."""
     if not isinstance(checkpoint, dict):
         raise InvalidArgument(f"a checkpoint is a dict, not {type(checkpoint).__name__}",
                               reason="checkpoint")
@@ -586,6 +590,12 @@ def _save(store: Store, branch: str, checkpoint: Dict[str, Any], path: str) -> D
            "location": store.location, "version": store.version_hash(v), "tag": tag,
            "branch": branch}
     _write_pointer(path, ptr)
+    if old is not None and prune:
+        # The path named another version before (``last.ckpt``, saved again at every
+        # checkpoint): that version goes unless another tag holds it. The checkpoint is
+        # durable already; a failure here leaves the pruning to the next save.
+        store.prune(keep_last=1)
+        store.save()
     return ptr
 
 
@@ -754,7 +764,7 @@ class _CheckpointIOImpl:
         p = os.fspath(path)
         with self._lock:
             self._saver = threading.get_ident()
-            _save(self.store, self.branch, checkpoint, p)
+            _save(self.store, self.branch, checkpoint, p, self.prune)
             key = os.path.abspath(p)
             if key in self._removed_early:
                 # AsyncCheckpointIO: Lightning removed this checkpoint while its save was
@@ -834,7 +844,8 @@ committed on ``branch``; the checkpoint file is a small pointer to it.
 ``Trainer(plugins=[tensor_history.lightning.CheckpointIO("runs/exp")])``. Works with
 ``ModelCheckpoint`` (top k, ``save_last``, ``every_n_train_steps``),
 ``trainer.fit(ckpt_path=...)`` and ``AsyncCheckpointIO``. ``prune=False`` keeps every
-version in the history when Lightning removes a checkpoint (only the tag goes).
+version in the history when Lightning removes or overwrites a checkpoint (only the tag
+goes or moves).
 """
 
 
