@@ -29,6 +29,7 @@ mod repo_parts;
 mod repo_rebase;
 mod repo_roundtrip;
 mod repo_shared;
+mod repo_shared_reads;
 mod repo_unchain;
 mod repo_unreadable_chunks;
 mod safetensors;
