@@ -42,7 +42,8 @@ Runs alternate; times and bytes are medians of `--reps` runs (bytes move with PB
 random choices and with how far gc got); the fine-tuning row is one run each.
 
 `--floor` adds, for the baseline's own checkpoints (the Lightning runs' kept `.ckpt`
-files; the checkpoints of one Ray default keep-all run, and nothing else of Ray), the
+files; the checkpoints of one Ray default run keeping all and one keeping 4 per trial,
+and nothing else of Ray), the
 rows `<scenario>_disk_floor_{h0,h1}`: the baseline's bytes against the floors of
 `_floor.py` (each tensor coded whole or as a difference against any earlier checkpoint,
 under an order-0 or a byte-context entropy model of its byte planes). Their ratio is the
@@ -231,7 +232,7 @@ def ray_report(report: Report, reps: int, quick: bool, floor: bool = False) -> N
               file=sys.stderr)
         return res
 
-    def ray_floor(root: str) -> None:
+    def ray_floor(name: str, root: str) -> None:
         # Every torch.save file the default run kept, by iteration.
         found = []
         for d, _, files in os.walk(os.path.join(root, "ray-default")):
@@ -240,12 +241,13 @@ def ray_report(report: Report, reps: int, quick: bool, floor: bool = False) -> N
                     ck = torch.load(os.path.join(d, f), map_location="cpu")
                     found.append((ck["iteration"], d, os.path.getsize(os.path.join(d, f)), ck))
         found.sort(key=lambda x: (x[0], x[1]))
-        floor_rows(report, "pbt8_keepall", sum(x[2] for x in found),
+        floor_rows(report, name, sum(x[2] for x in found),
                    [_floor.flat_tensors(x[3]) for x in found])
 
     try:
         if floor:
-            one("default", None, False, ray_floor)
+            for keep, name in ((None, "pbt8_keepall"), (4, "pbt8_keep4")):
+                one("default", keep, False, lambda root, n=name: ray_floor(n, root))
             return
         # Both keep every checkpoint (Ray's default), then both num_to_keep=4 (above the
         # perturbation interval: PBT's exploited checkpoint must outlive its restore).
@@ -285,7 +287,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3, help="alternated runs of each (ray)")
     ap.add_argument("--floor", action="store_true",
                     help="also the floors of _floor.py for the baseline's checkpoints (ray: "
-                         "only the default keep-all run and its floor)")
+                         "only one default run for each retention and its floor)")
     ap.add_argument("--dir", default=None, help="where checkpoints go (default: a temp dir)")
     args = ap.parse_args()
     print(f"machine: {platform.machine()}, {os.cpu_count()} cpus, python "
