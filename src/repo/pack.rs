@@ -40,7 +40,7 @@ use super::format::{
 };
 use crate::buffer::AlignedBuf;
 use crate::chunk::Chunk;
-use crate::codec::{encode_all, EncodeJob, Header, Method};
+use crate::codec::{encode_all, EncodeJob, Encoded, Header, Method};
 use crate::error::{Error, Result};
 use crate::hash::ContentHash;
 
@@ -98,6 +98,17 @@ pub(crate) enum Form {
 }
 
 impl Form {
+    /// The form an encoded chunk is stored in: its byte planes, its delta against the
+    /// base it names, or [`Form::Raw`] where the encoder kept the raw bytes (they are
+    /// stored as they are, without the codec's header).
+    pub(crate) fn of(e: &Encoded) -> Form {
+        match (e.method(), e.base()) {
+            (Method::Planes, _) => Form::Planes,
+            (m, Some(base)) if m.is_delta() => Form::Delta(base.0),
+            _ => Form::Raw,
+        }
+    }
+
     /// Whether the stored bytes are the bytes of the id, as they are ([`Form::Raw`] or
     /// [`Form::Manifest`]): either serves them, as a chunk or as a manifest (the same
     /// id is the same bytes).
@@ -394,20 +405,14 @@ pub(crate) fn store_chunks<'a>(
     chunks
         .iter()
         .zip(encoded)
-        .map(|(c, e)| match (e.method(), e.base()) {
-            (Method::Planes, _) => Stored {
+        .map(|(c, e)| match Form::of(&e) {
+            Form::Raw => Stored::raw(c.0, c.1),
+            form => Stored {
                 id: c.0,
                 raw_len: c.1.len() as u64,
                 bytes: Cow::Owned(e.into_bytes()),
-                form: Form::Planes,
+                form,
             },
-            (m, Some(base)) if m.is_delta() => Stored {
-                id: c.0,
-                raw_len: c.1.len() as u64,
-                bytes: Cow::Owned(e.into_bytes()),
-                form: Form::Delta(base.0),
-            },
-            _ => Stored::raw(c.0, c.1),
         })
         .collect()
 }

@@ -33,7 +33,7 @@ use super::chunks::MAX_READ_CHAIN;
 use super::format::{corrupt, pack_key, Manifest};
 use super::pack::{read_stored, Form, Loc, MAX_DELTA_CHAIN};
 use crate::buffer::Bytes;
-use crate::codec::{self, Method, MIN_SAVING_DIVISOR};
+use crate::codec::{self, MIN_SAVING_DIVISOR};
 use crate::error::{Error, Result};
 use crate::hash::ContentHash;
 
@@ -364,9 +364,9 @@ pub(crate) type Forms = HashMap<ContentHash, Vec<Loc>>;
 
 /// For each chunk of `version_live` (the chunks of live versions), a stored form that
 /// needs no chunk of `base_only` (a *free* form: stored whole, or a delta whose base is
-/// a chunk of a live version with a free form; `None` if it has none: it is
-/// *stranded*), and whether each of its forms is free. Chains longer than readers
-/// follow, and cycles through chunks stored in two forms, count as not free.
+/// a chunk of a live version with a free form; a whole form where there is one), or
+/// `None` if it has none (it is *stranded*). Chains longer than readers follow, and
+/// cycles through chunks stored in two forms, count as not free.
 /// O(forms · chain bound).
 pub(crate) fn free_forms(
     forms: &Forms,
@@ -415,7 +415,7 @@ pub(crate) fn free_forms(
 /// A planned chunk as coded: its stored form and bytes.
 pub(crate) struct Coded {
     pub(crate) form: Form,
-    pub(crate) bytes: Vec<u8>,
+    pub(crate) bytes: Bytes,
     pub(crate) required: bool,
 }
 
@@ -448,10 +448,9 @@ pub(crate) fn code_pack(
                     let base = base.as_ref().map(|(h, bytes)| (h, &bytes[..]));
                     if p.required {
                         let e = codec::encode_with(&raw, p.width, base, delta);
-                        let (form, bytes) = match (e.method(), e.base()) {
-                            (Method::Planes, _) => (Form::Planes, e.into_bytes()),
-                            (m, Some(b)) if m.is_delta() => (Form::Delta(b.0), e.into_bytes()),
-                            _ => (Form::Raw, raw.to_vec()),
+                        let (form, bytes) = match Form::of(&e) {
+                            Form::Raw => (Form::Raw, raw),
+                            form => (form, Bytes::from(e.into_bytes())),
                         };
                         return Ok(Some((
                             *c,
@@ -470,7 +469,7 @@ pub(crate) fn code_pack(
                     Ok((e.method().is_delta() && e.len() as u64 <= limit).then(|| {
                         let coded = Coded {
                             form: Form::Delta(b.0),
-                            bytes: e.into_bytes(),
+                            bytes: Bytes::from(e.into_bytes()),
                             required: false,
                         };
                         (*c, coded)

@@ -235,6 +235,11 @@ pub fn dense_weights(elems: usize, step: usize) -> ArrayD<f32> {
 }
 
 /// Whether `a` and `b` hold the same bits (NaNs and signed zeros included).
+/// Bytes of every object a repository's backend lists.
+pub fn repo_bytes(b: &dyn tensor_history::Backend) -> u64 {
+    b.list("").unwrap().iter().map(|o| o.size).sum()
+}
+
 pub fn same_bits(a: &ArrayD<f32>, b: &ArrayD<f32>) -> bool {
     a.shape() == b.shape()
         && a.iter()

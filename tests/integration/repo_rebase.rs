@@ -7,6 +7,8 @@ use std::sync::Arc;
 use ndarray::{Array1, ArrayD};
 use tensor_history::{Backend, Config, GcOptions, MemoryBackend, Meta, Store, REBASE_BELOW};
 
+use crate::common::{repo_bytes, same_bits};
+
 const CHUNK: usize = 16 << 10;
 
 fn config() -> Config {
@@ -14,10 +16,6 @@ fn config() -> Config {
         chunk_bytes: CHUNK,
         ..Config::default()
     }
-}
-
-fn repo_bytes(b: &dyn Backend) -> u64 {
-    b.list("").unwrap().iter().map(|o| o.size).sum()
 }
 
 /// `steps` dense versions of two tensors (every element changed a little each step, as
@@ -70,12 +68,7 @@ fn check_history(s: &Store, seen: &Seen) {
         let snap = s.snapshot(*v).unwrap();
         for (name, a) in want {
             let got = snap.get::<f32>(name).unwrap();
-            assert!(
-                got.iter()
-                    .zip(a.iter())
-                    .all(|(x, y)| x.to_bits() == y.to_bits()),
-                "{name} of {v:?} differs"
-            );
+            assert!(same_bits(&got, a), "{name} of {v:?} differs");
         }
     }
 }

@@ -10,7 +10,7 @@ use std::time::Duration;
 use ndarray::{Array1, ArrayD};
 use tensor_history::{Backend, Config, GcOptions, MemoryBackend, Retention, Store, VersionId};
 
-use crate::common::same_bits;
+use crate::common::{repo_bytes, same_bits};
 
 const CHUNK: usize = 16 << 10;
 const STEPS: usize = 20;
@@ -22,10 +22,6 @@ fn config() -> Config {
         chunk_bytes: CHUNK,
         ..Config::default()
     }
-}
-
-fn repo_bytes(b: &dyn Backend) -> u64 {
-    b.list("").unwrap().iter().map(|o| o.size).sum()
 }
 
 fn chunk_bytes(b: &dyn Backend) -> u64 {
