@@ -6,7 +6,7 @@ use std::time::SystemTime;
 
 use ndarray::ArrayD;
 
-use crate::element::Element;
+use crate::element::{DType, Element};
 use crate::error::{Error, Result};
 use crate::hash::ContentHash;
 use crate::history::Vars;
@@ -81,6 +81,19 @@ impl Snapshot {
     #[must_use]
     pub fn contains(&self, name: &str) -> bool {
         self.vars.contains_key(name)
+    }
+
+    /// The dtype and shape of a variable, without reading its data (a version read from
+    /// a repository keeps its chunks unread). O(log variables).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::UnknownVariable`].
+    pub fn layout(&self, name: &str) -> Result<(DType, &[usize])> {
+        let t = self.vars.get(name).ok_or_else(|| Error::UnknownVariable {
+            name: name.to_owned(),
+        })?;
+        Ok((t.dtype(), t.shape()))
     }
 
     /// The persistent tensor of a variable, for zero-copy reads. O(log variables).

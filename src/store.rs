@@ -7,7 +7,7 @@ use ndarray::{ArrayBase, ArrayD, Data, Dimension};
 
 use crate::chunk::{Alloc, Pool};
 use crate::config::Config;
-use crate::element::Element;
+use crate::element::{DType, Element};
 use crate::error::{Error, Result};
 use crate::history::{check_ref_name, check_ref_name_len, Head, History, Ref, Vars};
 use crate::kernels::WriteMode;
@@ -216,6 +216,17 @@ impl Store {
         let t = self.tensor(name)?;
         t.check_dtype::<T>(name)?;
         t.to_array()
+    }
+
+    /// The dtype and shape of a working variable, without reading its data (a variable
+    /// of a version read from a repository stays unread). O(log variables).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::UnknownVariable`].
+    pub fn layout(&self, name: &str) -> Result<(DType, &[usize])> {
+        let t = self.working.get(name).ok_or_else(|| unknown(name))?;
+        Ok((t.dtype(), t.shape()))
     }
 
     /// The persistent tensor of a working variable, for zero-copy reads. O(log variables).

@@ -184,6 +184,12 @@ const METADATA: &[(&str, Call)] = &[
         Ok(format!("{:?}", s.diff_working()))
     }),
     ("Store::is_dirty", |s, _| Ok(format!("{:?}", s.is_dirty()))),
+    ("Store::layout", |s, _| ok(s.layout("w"))),
+    ("Snapshot::layout", |s, v| {
+        ok(s.snapshot(v[1])?
+            .layout("w")
+            .map(|(d, sh)| (d, sh.to_vec())))
+    }),
     ("Snapshot::diff", |s, v| {
         Ok(format!("{:?}", s.snapshot(v[0])?.diff(&s.snapshot(v[2])?)))
     }),

@@ -50,6 +50,15 @@ impl PySnapshot {
         self.inner.names()
     }
 
+    /// `(dtype, shape)` of variable `name`, dtype as `"f32"`, `"bf16"`, ...; reads no
+    /// tensor data (a version of a repository keeps its chunks unread).
+    fn info(&self, name: &str) -> PyResult<(String, Vec<usize>)> {
+        self.inner
+            .layout(name)
+            .map(|(dtype, shape)| (dtype.name().to_owned(), shape.to_vec()))
+            .or_py()
+    }
+
     /// A copy of variable `name`, or `default` if there is none.
     #[pyo3(signature = (name, default = None))]
     fn get<'py>(

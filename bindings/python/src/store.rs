@@ -656,8 +656,8 @@ impl PyStore {
     fn info(&self, py: Python<'_>, name: &str) -> PyResult<(String, Vec<usize>)> {
         self.run(py, |i| {
             i.store
-                .tensor(name)
-                .map(|t| (t.dtype().name().to_owned(), t.shape().to_vec()))
+                .layout(name)
+                .map(|(dtype, shape)| (dtype.name().to_owned(), shape.to_vec()))
         })
         .or_py()
     }

@@ -92,6 +92,35 @@ def test_save_as_then_open_brings_back_every_version_ref_and_message(tmp_path):
     r.verify()
 
 
+def test_snapshot_info_gives_each_versions_layouts_and_reads_no_data(tmp_path):
+    s = th.Store(chunk_bytes=1024)
+    s.insert("w", np.zeros((8, 4), np.float32))
+    s.insert("b", np.zeros(3, np.int16))
+    v0 = s.commit("small")
+    s.remove("w")
+    s.insert("w", np.ones((16, 4), np.float64))
+    v1 = s.commit("wider")
+    s.save_as(tmp_path / "repo")
+    r = th.Store.open(tmp_path / "repo")
+    for v, want in ((v0, ("f32", [8, 4])), (v1, ("f64", [16, 4]))):
+        snap = r.snapshot(v)
+        assert snap.info("w") == want
+        assert snap.info("b") == ("i16", [3])
+        assert list(snap["w"].shape) == want[1]
+        with pytest.raises(th.UnknownVariable):
+            snap.info("nope")
+    assert r.info("w") == ("f64", [16, 4])
+    # Layouts come from the manifests that the open read: with the packs deleted after
+    # it, info still answers and a read fails.
+    r2 = th.Store.open(tmp_path / "repo")
+    snap = r2.snapshot(v1)
+    for pack in (tmp_path / "repo" / "packs").rglob("*.thpack"):
+        pack.unlink()
+    assert snap.info("w") == ("f64", [16, 4]) and r2.info("w") == ("f64", [16, 4])
+    with pytest.raises(th.TensorHistoryError):
+        r2.get("w")
+
+
 def test_second_save_writes_only_new_chunks(tmp_path):
     s = th.Store(chunk_bytes=1024)
     s.insert("w", np.random.default_rng(0).random((64, 64), np.float32))

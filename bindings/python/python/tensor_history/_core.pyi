@@ -312,6 +312,13 @@ class Snapshot:
         """Bytes of tensor data this snapshot shows (as a deep copy would hold them)."""
     def keys(self) -> list[str]:
         """Variable names, sorted."""
+    def info(self, name: str) -> tuple[str, list[int]]:
+        """`(dtype, shape)` of variable `name`, dtype as `"f32"`, `"bf16"`, ...; reads no
+        tensor data (a version of a repository keeps its chunks unread).
+
+        Args:
+            name: the variable
+        """
     def get(self, name: str, default: object = None) -> np.ndarray | object:
         """A copy of variable `name`, or `default` if there is none.
 
@@ -615,7 +622,8 @@ class Store:
     def names(self) -> list[str]:
         """Names of the working variables, sorted."""
     def info(self, name: str) -> tuple[str, list[int]]:
-        """`(dtype, shape)` of a working variable, dtype as `"f32"`, `"bf16"`, ...
+        """`(dtype, shape)` of a working variable, dtype as `"f32"`, `"bf16"`, ...; reads
+        no tensor data.
 
         Args:
             name: the working variable

@@ -781,7 +781,7 @@ class Tracker(Checkpoints):
                              reason="model structure")
         prev = self.store.head()
         if not partial:
-            self._check_layouts(entries, target, prev, snap)
+            self._check_layouts(entries, target, snap)
         dirty = set(self._dirty_names(entries, tokens, untrusted))
         clean_known = prev == self._synced_head and self.trust_versions
         into_dirty = {}
@@ -845,28 +845,15 @@ class Tracker(Checkpoints):
         core's dtype names)."""
         return live == stored
 
-    def _check_layouts(self, entries: Dict[str, Any], target: Version,
-                       prev: Optional[Version], snap: Any) -> None:
+    def _check_layouts(self, entries: Dict[str, Any], target: Version, snap: Any) -> None:
         """``TrialError`` if a live tensor that :meth:`_checks_layout` names has another
-        shape or dtype than in `target`; reads no data for tensors whose layout is the
-        same in HEAD (the store's working state) and `target`."""
-        store = self.store
-        checked = [n for n in entries if n in snap and self._checks_layout(n)]
-        if not checked:
-            return
-        same_as_head: set = set()
-        if prev is not None and not store.is_dirty():
-            diff = store.diff(prev, target) if prev != target else {}
-            same_as_head = {n for n in checked
-                            if n in store and (n not in diff or not diff[n].layout_changed)}
+        shape or dtype than in `target` (read from `snap`'s layouts: no tensor data)."""
         wrong = []
-        for n in checked:
+        for n in entries:
+            if n not in snap or not self._checks_layout(n):
+                continue
             live = self._np(n, entries[n])
-            if n in same_as_head:
-                dtype, shape = store.info(n)
-            else:
-                want = snap[n]
-                dtype, shape = _dtype_name(want.dtype), want.shape
+            dtype, shape = snap.info(n)
             if tuple(live.shape) != tuple(shape) or not self._fits(_dtype_name(live.dtype), dtype):
                 wrong.append(n)
         if wrong:
