@@ -622,12 +622,13 @@ pub(crate) fn write_pack(
 /// bytes are loaded (chunks held by a repository are read first, and so are bases) and
 /// encoded in parallel, and their stored forms gathered until a pack is full.
 ///
-/// A writer thread writes each full pack while the next group is encoded, and a syncer
-/// thread makes the written packs durable (a backend barrier) while the writer goes on
-/// with the next one, so that encoding, copying into the file system and the device's
-/// writes overlap (the caller's own barrier then finds the packs synced). Holds at most about three packs'
-/// worth of raw and stored bytes at a time: the group being encoded, the pack being
-/// gathered, and the one being written.
+/// For several packs, a writer thread writes each full pack while the next group is
+/// encoded, and a syncer thread makes the written packs durable (a backend barrier)
+/// while the writer goes on with the next one, so that encoding, copying into the file
+/// system and the device's writes overlap (the caller's own barrier then finds the packs
+/// synced). Holds at most about three packs' worth of raw and stored bytes at a time: the
+/// group being encoded, the pack being gathered, and the one being written. Chunks that
+/// fill one pack at most are encoded, written and synced on the calling thread.
 ///
 /// With `code` false every chunk is stored raw (no encoding), whatever the format.
 /// `tail` (manifests, [`Form::Manifest`]) is written as it is after the chunks, in
@@ -644,6 +645,29 @@ pub(crate) fn write_packs<'a>(
     tail: Vec<Stored<'a>>,
     code: bool,
 ) -> Result<Vec<WrittenPack>> {
+    let raw: usize = chunks.iter().map(|c| c.chunk.len_bytes()).sum();
+    if raw <= pack_target(raw) {
+        // One pack: written and synced on this thread. A writer and a syncer thread
+        // would overlap nothing, and each would wait for a core beside a busy process.
+        let mut out = Vec::new();
+        let mut failed = None;
+        gather_packs(chunks, tail, format, code, |pack| {
+            match write_pack(backend, format, &pack).and_then(|w| {
+                backend.barrier()?;
+                Ok(w)
+            }) {
+                Ok(w) => {
+                    out.push(w);
+                    true
+                }
+                Err(e) => {
+                    failed = Some(e);
+                    false
+                }
+            }
+        })?;
+        return failed.map_or(Ok(out), Err);
+    }
     std::thread::scope(|scope| {
         let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<Stored<'a>>>(1);
         // Written packs are made durable by a syncer thread while the writer writes the
@@ -1285,6 +1309,60 @@ mod tests {
             .unwrap()
             .iter()
             .any(|e| e == "barrier"));
+    }
+
+    #[test]
+    fn a_one_pack_write_is_put_then_synced_and_a_failing_barrier_is_its_error() {
+        let alloc = crate::chunk::Alloc::default();
+        let chunks: Vec<Chunk> = (0..3u8)
+            .map(|i| alloc.chunk_with(64 << 10, |b| b.fill(i + 1)))
+            .collect();
+        let backend = Journal::default();
+        let written = write_packs(
+            &backend,
+            FORMAT_VERSION,
+            &new_chunks(&chunks),
+            Vec::new(),
+            false,
+        )
+        .unwrap();
+        assert_eq!(written.len(), 1);
+        let events = backend.events.lock().unwrap().clone();
+        assert_eq!(
+            events,
+            vec![
+                format!("put {}", pack_key(&written[0].id)),
+                "barrier".into()
+            ]
+        );
+        for (c, e) in chunks.iter().zip(&written[0].entries) {
+            let loc = Loc {
+                pack: written[0].id,
+                span: e.span,
+            };
+            assert_eq!(
+                &read_chunk(&backend, &c.hash(), &loc).unwrap()[..],
+                c.data()
+            );
+        }
+
+        let failing = Journal::default();
+        failing
+            .fail
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        match write_packs(
+            &failing,
+            FORMAT_VERSION,
+            &new_chunks(&chunks),
+            Vec::new(),
+            false,
+        ) {
+            Err(Error::Io { message, .. }) => assert_eq!(message, "the device is gone"),
+            other => panic!(
+                "expected the barrier's error, got {:?}",
+                other.map(|w| w.len())
+            ),
+        }
     }
 
     #[test]
