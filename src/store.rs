@@ -40,6 +40,8 @@ pub struct Store {
     pub(crate) budget: crate::encoded::Budget,
     /// The memory budget's record of the versions (what they hold, what is settled).
     pub(crate) record: crate::budget::Record,
+    /// The saved versions that may still hold chunks on the heap.
+    pub(crate) evictions: crate::repo::Evictions,
     /// Unit tests of the encoding: the budget encodes but lets no version go.
     #[cfg(test)]
     pub(crate) budget_keeps_versions: bool,
@@ -80,6 +82,7 @@ impl Store {
             bg: crate::repo::Background::default(),
             budget: crate::encoded::Budget::default(),
             record: crate::budget::Record::default(),
+            evictions: crate::repo::Evictions::default(),
             #[cfg(test)]
             budget_keeps_versions: false,
         })

@@ -9,8 +9,9 @@
 //! versions saved before. The writer runs the same protocol as `save` (hashing,
 //! packs and manifests, index, versions, barrier, refs, HEAD) on the copy and hands back,
 //! through a shared slot, the link, the versions the save forgot (collected by another
-//! process's gc) and the chunks it may evict. The store takes them back at the next
-//! call that needs the link (or at a commit, if the save is finished by then).
+//! process's gc) and whether it succeeded. The store takes them back at the next call
+//! that needs the link (or at a commit, if the save is finished by then), and then lets
+//! the saved versions' chunks go from the heap as a save does.
 //!
 //! The copy holds every chunk of the versions it captured, so a version pruned by the
 //! store meanwhile stays readable to the writer until the save ends (then its memory
@@ -24,7 +25,6 @@ use super::backend::Backend;
 use super::format::version_key;
 use super::save::{save_into, SaveStats};
 use super::RepoLink;
-use crate::chunk::Chunk;
 use crate::error::{Error, Result};
 use crate::hash::ContentHash;
 use crate::history::History;
@@ -37,9 +37,9 @@ struct Finished {
     /// Versions the save forgot in its copy of the history (another process pruned
     /// them and a gc collected them).
     forgotten: Vec<VersionId>,
-    /// Chunks the save may evict: raw chunk address -> (the raw chunk, held so that the
-    /// address stays its own, and its stored replacement). Empty after an error.
-    evict: HashMap<usize, (Chunk, Chunk)>,
+    /// Whether the save succeeded: the store then lets the chunks of the versions it
+    /// saved go from the heap (those the working state does not hold).
+    evict: bool,
 }
 
 /// The state a writer thread and its waiters share.
@@ -220,26 +220,6 @@ impl fmt::Debug for Background {
     }
 }
 
-/// The chunks of the saved versions in `hist` that a save may evict: held on the heap,
-/// hashed, and in the repository. O(chunks of the saved versions held in memory).
-fn evictable(hist: &History, b: &RepoLink) -> HashMap<usize, (Chunk, Chunk)> {
-    let mut out = HashMap::new();
-    for id in b.saved.keys() {
-        let Some(vars) = hist.node(*id).ok().and_then(|n| n.vars.loaded()) else {
-            continue;
-        };
-        for c in vars.values().flat_map(|t| t.chunks()) {
-            if c.is_stored() || out.contains_key(&c.addr()) {
-                continue;
-            }
-            if let Some(h) = c.cached_hash().filter(|h| b.chunks.contains(h)) {
-                out.insert(c.addr(), (c.clone(), b.stored_chunk(h, c.len_bytes())));
-            }
-        }
-    }
-    out
-}
-
 /// The writer thread's work: the save protocol on `hist`, then what the store takes back.
 fn write(mut hist: History, mut link: Box<RepoLink>) -> (Finished, Result<SaveStats>) {
     let mut forgotten = Vec::new();
@@ -247,10 +227,10 @@ fn write(mut hist: History, mut link: Box<RepoLink>) -> (Finished, Result<SaveSt
         save_into(&mut hist, &mut link, None, &mut forgotten)
     }));
     let (evict, outcome) = match run {
-        Ok(Ok(saved)) => (evictable(&hist, &link), saved.into_result()),
-        Ok(Err(e)) => (HashMap::new(), Err(e)),
+        Ok(Ok(saved)) => (true, saved.into_result()),
+        Ok(Err(e)) => (false, Err(e)),
         Err(_) => (
-            HashMap::new(),
+            false,
             Err(Error::Internal {
                 reason: "the background save panicked; nothing was lost in memory, save again"
                     .into(),
@@ -442,13 +422,8 @@ impl Store {
                 self.hist.reflog.retain(|(_, v)| *v != id);
             }
         }
-        if !f.evict.is_empty() {
-            let ids: Vec<VersionId> = link.saved.keys().copied().collect();
-            let evict = f.evict;
-            self.evict_saved(ids, move |c| {
-                let (raw, stored) = evict.get(&c.addr())?;
-                raw.ptr_eq(c).then(|| stored.clone())
-            });
+        if f.evict {
+            self.evict(&mut link);
         }
         self.repo = Some(link);
     }

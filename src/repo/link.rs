@@ -60,6 +60,9 @@ pub(crate) struct RepoLink {
     pub(crate) refs_seen_before: BTreeMap<String, Vec<RefEntry>>,
     /// Where `open` could not start at HEAD's version (see [`OpenFallback`]).
     pub(crate) fallback: Option<super::OpenFallback>,
+    /// Versions recorded (saved or read) since the store last let heap chunks go: its
+    /// next eviction looks at them (see [`Evictions`](super::Evictions)).
+    pub(crate) unevicted: Vec<VersionId>,
 }
 
 impl fmt::Debug for RepoLink {
@@ -94,6 +97,7 @@ impl RepoLink {
             seqs: HashMap::new(),
             refs_seen_before: BTreeMap::new(),
             fallback: None,
+            unevicted: Vec::new(),
         }
     }
 
@@ -148,6 +152,7 @@ impl RepoLink {
         parents: Vec<ContentHash>,
     ) {
         self.saved.insert(id, hash);
+        self.unevicted.push(id);
         self.by_hash.insert(hash, id);
         self.parents_of.insert(hash, parents);
     }

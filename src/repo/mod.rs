@@ -52,4 +52,5 @@ pub use object::parse_object;
 pub use open::{OpenFallback, RefreshStats};
 pub use parts::{Part, PartChunks, PartStats};
 pub use rebase::REBASE_BELOW;
+pub(crate) use save::Evictions;
 pub use save::SaveStats;

@@ -368,7 +368,7 @@ impl Store {
         })?;
         let result = save_into(&mut self.hist, &mut bound, None, &mut Vec::new());
         if result.is_ok() {
-            self.evict(&bound);
+            self.evict(&mut bound);
         }
         self.repo = Some(bound);
         result?.into_result()
@@ -446,7 +446,7 @@ impl Store {
                 Err(e)
             }
             r => {
-                self.evict(&bound);
+                self.evict(&mut bound);
                 self.repo = Some(bound);
                 r
             }
@@ -503,11 +503,14 @@ impl Store {
 
     /// Replace heap chunks held only by saved versions with stored chunks. Their buffers
     /// leave the process: the pool is cut back to what it held before, so that the heap
-    /// and the pool together hold about the working state after a save.
-    fn evict(&mut self, b: &RepoLink) {
-        let ids: Vec<VersionId> = b.saved.keys().copied().collect();
+    /// and the pool together hold about the working state after a save. After a save
+    /// (here or on a background writer) that succeeded: the versions `b` recorded since
+    /// the last eviction are taken from it.
+    pub(crate) fn evict(&mut self, b: &mut RepoLink) {
+        let ids = std::mem::take(&mut b.unevicted);
+        let b: &RepoLink = b;
         let mut replaced: HashMap<usize, Chunk> = HashMap::new();
-        self.evict_saved(ids, |c| {
+        self.evict_saved(ids, &b.saved, |c| {
             c.cached_hash().filter(|h| b.chunks.contains(h))?;
             Some(
                 replaced
@@ -518,14 +521,20 @@ impl Store {
         });
     }
 
-    /// In versions `ids`, replace each heap chunk that the working state does not hold
-    /// by the stored chunk `stored` gives for it, if any (`stored` is dropped before the
-    /// pool is cut). The freed buffers leave the
-    /// process: the pool is cut back to what it held before. After a save (here or on a
-    /// background writer). O(chunks of those versions).
+    /// In the saved versions `new` and those [`Evictions`] holds for a look (`saved`: every
+    /// version in the repository), replace each
+    /// heap chunk that the working state does not hold by the stored chunk `stored` gives
+    /// for it, if any (`stored` is dropped before the pool is cut). The freed buffers
+    /// leave the process: the pool is cut back to what it held before.
+    ///
+    /// O(working chunks + chunks of the versions looked at): the versions saved since the
+    /// last eviction, those holding a chunk the working state or a base let go since,
+    /// and those holding a chunk `stored` had no replacement for. Not every saved
+    /// version: before, a save of a long history spent most of its time here.
     pub(crate) fn evict_saved(
         &mut self,
-        ids: Vec<VersionId>,
+        new: Vec<VersionId>,
+        saved: &HashMap<VersionId, ContentHash>,
         mut stored: impl FnMut(&Chunk) -> Option<Chunk>,
     ) {
         let pooled_before = self.pool().map(Pool::buffers);
@@ -538,30 +547,89 @@ impl Store {
         // on the heap: the next save takes its deltas against them (an evicted base
         // would be read back from the repository and decoded first). At most the
         // versions a save has just written; the next save evicts them.
-        let saved: HashSet<VersionId> = ids.iter().copied().collect();
         for (id, node) in self.hist.live() {
-            let Some(p) = node.parents.first().filter(|p| saved.contains(p)) else {
+            let Some(p) = node.parents.first().filter(|p| saved.contains_key(p)) else {
                 continue;
             };
-            if saved.contains(&id) {
+            if saved.contains_key(&id) {
                 continue;
             }
             if let Some(vars) = self.hist.node(*p).ok().and_then(|n| n.vars.loaded()) {
                 keep.extend(vars.values().flat_map(|t| t.chunks().map(Chunk::addr)));
             }
         }
-        self.replace_chunks_in(ids, |c| {
-            if c.is_stored() || keep.contains(&c.addr()) {
-                return None;
+        let todo = self.evictions.take(new, &keep);
+        let mut pinned: Vec<(usize, VersionId)> = Vec::new();
+        let mut retry: Vec<VersionId> = Vec::new();
+        for id in todo {
+            let mut held = false;
+            self.replace_chunks_in(vec![id], |c| {
+                if c.is_stored() {
+                    return None;
+                }
+                if keep.contains(&c.addr()) {
+                    pinned.push((c.addr(), id));
+                    return None;
+                }
+                let r = stored(c);
+                held |= r.is_none();
+                r
+            });
+            if held {
+                retry.push(id);
             }
-            stored(c)
-        });
+        }
+        self.evictions.put_back(pinned, retry);
         // The raw chunks `stored` may hold go first, so that their buffers are freed
         // before the pool is cut back.
         drop(stored);
         if let (Some(pool), Some(keep)) = (self.pool(), pooled_before) {
             pool.truncate(keep);
         }
+    }
+}
+
+/// The saved versions that may still hold chunks on the heap, between evictions (see
+/// [`Store::evict_saved`]). A version saved since the last eviction is looked at by the
+/// next one; after that only when a chunk that kept it on the heap left the working
+/// state (and no unsaved version takes deltas against it), or when a chunk of it had no
+/// stored replacement. A version holds a chunk's buffer, so that the buffer's address
+/// names it while a version is listed for it.
+#[derive(Debug, Default)]
+pub(crate) struct Evictions {
+    /// Chunk address -> the saved versions that hold it on the heap because the working
+    /// state (or an unsaved version's base) holds it too.
+    pinned: HashMap<usize, Vec<VersionId>>,
+    /// Versions a chunk of which had no stored replacement: looked at again.
+    retry: HashSet<VersionId>,
+}
+
+impl Evictions {
+    /// The versions to look at: `new`, the retried ones, and those pinned by a chunk
+    /// not in `keep` any more (their pins go).
+    fn take(&mut self, new: Vec<VersionId>, keep: &HashSet<usize>) -> Vec<VersionId> {
+        let mut todo: HashSet<VersionId> = std::mem::take(&mut self.retry);
+        todo.extend(new);
+        self.pinned.retain(|addr, ids| {
+            if keep.contains(addr) {
+                return true;
+            }
+            todo.extend(ids.drain(..));
+            false
+        });
+        let mut todo: Vec<VersionId> = todo.into_iter().collect();
+        todo.sort_unstable();
+        todo
+    }
+
+    fn put_back(&mut self, pinned: Vec<(usize, VersionId)>, retry: Vec<VersionId>) {
+        for (addr, id) in pinned {
+            let ids = self.pinned.entry(addr).or_default();
+            if ids.last() != Some(&id) {
+                ids.push(id);
+            }
+        }
+        self.retry.extend(retry);
     }
 }
 

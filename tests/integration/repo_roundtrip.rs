@@ -484,6 +484,69 @@ fn after_save_evicted_buffers_leave_the_pool_too_and_the_pool_keeps_what_it_held
     assert_eq!(s.get::<f32>("w").unwrap()[[0, 0]], 29.0);
 }
 
+/// `frozen` stays the same from v0 on while `w` changes at every step, and each step is
+/// saved (in the background with `background`): the saved versions share `frozen`'s
+/// chunks with the working state, so they stay on the heap, until a write lets them go:
+/// the save after it takes them from every version that holds them. A version not saved
+/// keeps its parent's chunks on the heap until it is saved (its deltas are taken
+/// against them).
+fn chunks_the_working_state_lets_go_leave_the_heap_at_the_next_save(background: bool) {
+    let model = 64 * 16 * 4;
+    let mut s = small_store();
+    s.insert("frozen", &ramp(&[64, 16], 100.0)).unwrap();
+    s.insert("w", &ramp(&[64, 16], 0.0)).unwrap();
+    s.commit("v0").unwrap();
+    let save = |s: &mut Store| {
+        if background {
+            s.save_in_background().unwrap().wait().unwrap();
+            // The store takes the finished save back at its next commit.
+            s.update_map::<f32>("w", |x| x + 0.5).unwrap();
+            s.commit("after the background save").unwrap();
+        } else {
+            s.save().unwrap();
+        }
+    };
+    s.save_to(Arc::new(MemoryBackend::new())).unwrap();
+    for i in 1..6 {
+        s.update_map::<f32>("w", |x| x + i as f32).unwrap();
+        s.commit(&format!("step {i}")).unwrap();
+        save(&mut s);
+        let st = s.stats();
+        let unsaved = if background { 1 } else { 0 };
+        assert_eq!(st.heap_bytes, (2 + unsaved) * model, "step {i}: {st:?}");
+    }
+    // Two commits, not saved: the first one's parent keeps its chunks on the heap.
+    s.update_map::<f32>("w", |x| x * 2.0).unwrap();
+    s.commit("unsaved 1").unwrap();
+    s.update_map::<f32>("w", |x| x * 2.0).unwrap();
+    s.commit("unsaved 2").unwrap();
+    s.write("frozen", &ramp(&[64, 16], -1.0)).unwrap();
+    s.commit("frozen let go").unwrap();
+    save(&mut s);
+    let st = s.stats();
+    let unsaved = if background { 1 } else { 0 };
+    assert_eq!(st.heap_bytes, (2 + unsaved) * model, "{st:?}");
+    for v in s.versions() {
+        let snap = s.snapshot(v).unwrap();
+        let frozen = snap.get::<f32>("frozen").unwrap();
+        assert!(
+            frozen == ramp(&[64, 16], 100.0) || frozen == ramp(&[64, 16], -1.0),
+            "{v}"
+        );
+    }
+    s.verify().unwrap();
+}
+
+#[test]
+fn chunks_the_working_state_lets_go_leave_the_heap_at_the_next_save_in_the_foreground() {
+    chunks_the_working_state_lets_go_leave_the_heap_at_the_next_save(false);
+}
+
+#[test]
+fn chunks_the_working_state_lets_go_leave_the_heap_at_the_next_background_save() {
+    chunks_the_working_state_lets_go_leave_the_heap_at_the_next_save(true);
+}
+
 #[test]
 fn gc_after_prune_and_save_shrinks_the_repository() {
     let mem = MemoryBackend::new();
