@@ -268,12 +268,7 @@ impl RepoChunks {
                 .unwrap_or_else(|p| p.into_inner())
                 .clone()
         };
-        let keys: Vec<String> = self
-            .backend
-            .list(INDEX_PREFIX)?
-            .into_iter()
-            .map(|o| o.key)
-            .collect();
+        let keys: Vec<String> = self.backend.list_keys(INDEX_PREFIX)?;
         let IndexFiles {
             read: fresh,
             damaged: bad,

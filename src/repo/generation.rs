@@ -76,19 +76,19 @@ impl GcView {
             entries: Vec::new(),
             records: Vec::new(),
         };
-        for o in backend.list(GC_PREFIX)? {
-            if let Some(seq) = parse_generation_key(&o.key) {
+        for key in backend.list_keys(GC_PREFIX)? {
+            if let Some(seq) = parse_generation_key(&key) {
                 view.generation = view.generation.max(seq);
                 view.entries.push(seq);
                 continue;
             }
-            let Some(id) = id_of_key(&o.key, "thgc") else {
+            let Some(id) = id_of_key(&key, "thgc") else {
                 continue;
             };
-            match backend.get(&o.key) {
+            match backend.get(&key) {
                 Ok(bytes) => {
-                    if let Ok(rec) = parse_gc(&o.key, &bytes, Some(&id)) {
-                        view.records.push((o.key, rec));
+                    if let Ok(rec) = parse_gc(&key, &bytes, Some(&id)) {
+                        view.records.push((key, rec));
                     }
                 }
                 Err(e) if is_not_found(&e) => {}

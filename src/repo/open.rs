@@ -170,10 +170,9 @@ impl RepoLink {
     pub(crate) fn forget_deleted(&mut self) -> Result<()> {
         let present: HashSet<String> = self
             .backend
-            .list(MANIFESTS_PREFIX)?
+            .list_keys(MANIFESTS_PREFIX)?
             .into_iter()
-            .chain(self.backend.list(VERSIONS_PREFIX)?)
-            .map(|o| o.key)
+            .chain(self.backend.list_keys(VERSIONS_PREFIX)?)
             .collect();
         self.manifests
             .retain(|m| present.contains(&manifest_key(m)));
@@ -188,8 +187,8 @@ impl RepoLink {
 
     /// Read prune markers not read yet.
     pub(crate) fn read_markers(&mut self) -> Result<()> {
-        for o in self.backend.list(PRUNED_PREFIX)? {
-            let Some(id) = id_of_key(&o.key, "json") else {
+        for key in self.backend.list_keys(PRUNED_PREFIX)? {
+            let Some(id) = id_of_key(&key, "json") else {
                 continue;
             };
             if self.pruned.contains_key(&id) {
@@ -197,8 +196,8 @@ impl RepoLink {
             }
             // A marker torn by a crash before its save's barrier is ignored: the version
             // then simply stays in the history.
-            if let Ok(bytes) = self.backend.get(&o.key) {
-                if let Ok(m) = parse_json::<PrunedJson>(&o.key, &bytes) {
+            if let Ok(bytes) = self.backend.get(&key) {
+                if let Ok(m) = parse_json::<PrunedJson>(&key, &bytes) {
                     self.pruned.insert(id, m.parents);
                 }
             }

@@ -78,8 +78,8 @@ pub(crate) fn read_entry(backend: &dyn Backend, key: &str) -> Result<RefEntry> {
 /// As for [`read_entry`].
 pub(crate) fn read_latest(backend: &dyn Backend, name: &str) -> Result<Option<(u64, RefEntry)>> {
     let prefix = format!("{REFS_PREFIX}{}/", encode_ref_name(name));
-    let listing = backend.list(&prefix)?;
-    match latest_keys(listing.iter().map(|o| o.key.as_str()))
+    let listing = backend.list_keys(&prefix)?;
+    match latest_keys(listing.iter().map(String::as_str))
         .into_values()
         .next()
     {
@@ -94,8 +94,8 @@ pub(crate) fn read_latest(backend: &dyn Backend, name: &str) -> Result<Option<(u
 ///
 /// As for [`read_entry`].
 pub(crate) fn read_all(backend: &dyn Backend) -> Result<BTreeMap<String, (u64, RefEntry)>> {
-    let listing = backend.list(REFS_PREFIX)?;
-    latest_keys(listing.iter().map(|o| o.key.as_str()))
+    let listing = backend.list_keys(REFS_PREFIX)?;
+    latest_keys(listing.iter().map(String::as_str))
         .into_iter()
         .map(|(name, l)| Ok((name, (l.seq, read_entry(backend, &l.key)?))))
         .collect()

@@ -182,6 +182,55 @@ impl LocalDir {
         Ok(())
     }
 
+    /// Call `f` with the key and directory entry of every file whose key starts with
+    /// `prefix`, walking the deepest directory that the prefix names entirely. A
+    /// directory is told from a file by its entry's type (no metadata read where the
+    /// file system gives it); the temporary directory is skipped.
+    fn walk(
+        &self,
+        prefix: &str,
+        mut f: impl FnMut(String, &fs::DirEntry) -> Result<()>,
+    ) -> Result<()> {
+        let dir_part = prefix.rfind('/').map_or("", |i| &prefix[..i]);
+        let start = if dir_part.is_empty() {
+            self.root.clone()
+        } else {
+            self.path(dir_part)?
+        };
+        let mut stack = vec![(start, dir_part.to_owned())];
+        while let Some((dir, key_prefix)) = stack.pop() {
+            let entries = match fs::read_dir(&dir) {
+                Ok(e) => e,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(e) if e.kind() == std::io::ErrorKind::NotADirectory => continue,
+                Err(e) => return Err(io_error(&dir, &e)),
+            };
+            for entry in entries {
+                let entry = entry.map_err(|e| io_error(&dir, &e))?;
+                let Ok(name) = entry.file_name().into_string() else {
+                    continue;
+                };
+                let key = if key_prefix.is_empty() {
+                    name
+                } else {
+                    format!("{key_prefix}/{name}")
+                };
+                if key == TMP_DIR {
+                    continue;
+                }
+                let kind = entry.file_type().map_err(|e| io_error(&entry.path(), &e))?;
+                if kind.is_dir() {
+                    if prefix.starts_with(&format!("{key}/")) || key.starts_with(prefix) {
+                        stack.push((entry.path(), key));
+                    }
+                } else if key.starts_with(prefix) {
+                    f(key, &entry)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
     fn sync_dirs(&self) -> Result<()> {
         let dirs: Vec<PathBuf> = std::mem::take(&mut self.lock().dirs).into_iter().collect();
         let errors = par_each(&dirs, |d| sync_dir(d));
@@ -427,49 +476,25 @@ impl Backend for LocalDir {
     }
 
     fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>> {
-        // Walk the deepest directory that the prefix names entirely.
-        let dir_part = prefix.rfind('/').map_or("", |i| &prefix[..i]);
-        let start = if dir_part.is_empty() {
-            self.root.clone()
-        } else {
-            self.path(dir_part)?
-        };
         let mut out = Vec::new();
-        let mut stack = vec![(start, dir_part.to_owned())];
-        while let Some((dir, key_prefix)) = stack.pop() {
-            let entries = match fs::read_dir(&dir) {
-                Ok(e) => e,
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
-                Err(e) if e.kind() == std::io::ErrorKind::NotADirectory => continue,
-                Err(e) => return Err(io_error(&dir, &e)),
-            };
-            for entry in entries {
-                let entry = entry.map_err(|e| io_error(&dir, &e))?;
-                let Ok(name) = entry.file_name().into_string() else {
-                    continue;
-                };
-                let key = if key_prefix.is_empty() {
-                    name.clone()
-                } else {
-                    format!("{key_prefix}/{name}")
-                };
-                if key == TMP_DIR {
-                    continue;
-                }
-                let meta = entry.metadata().map_err(|e| io_error(&entry.path(), &e))?;
-                if meta.is_dir() {
-                    if prefix.starts_with(&format!("{key}/")) || key.starts_with(prefix) {
-                        stack.push((entry.path(), key));
-                    }
-                } else if key.starts_with(prefix) {
-                    out.push(ObjectInfo {
-                        key,
-                        size: meta.len(),
-                        modified: meta.modified().ok(),
-                    });
-                }
-            }
-        }
+        self.walk(prefix, |key, entry| {
+            let meta = entry.metadata().map_err(|e| io_error(&entry.path(), &e))?;
+            out.push(ObjectInfo {
+                key,
+                size: meta.len(),
+                modified: meta.modified().ok(),
+            });
+            Ok(())
+        })?;
+        Ok(out)
+    }
+
+    fn list_keys(&self, prefix: &str) -> Result<Vec<String>> {
+        let mut out = Vec::new();
+        self.walk(prefix, |key, _| {
+            out.push(key);
+            Ok(())
+        })?;
         Ok(out)
     }
 

@@ -214,6 +214,17 @@ pub trait Backend: fmt::Debug + Send + Sync {
     /// [`Error::Io`].
     fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>>;
 
+    /// The keys of [`list`](Backend::list), for callers that need no size or time: a
+    /// directory's listing then reads no file's metadata (a save lists `index/`, `gc/`,
+    /// `pruned/` and its ref's log, which grow with the history).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Io`].
+    fn list_keys(&self, prefix: &str) -> Result<Vec<String>> {
+        Ok(self.list(prefix)?.into_iter().map(|o| o.key).collect())
+    }
+
     /// Delete the object; a missing object is not an error.
     ///
     /// # Errors
