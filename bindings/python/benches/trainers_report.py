@@ -36,6 +36,12 @@ one repository (a pointer in the directory).
                               as PBT needs), the store's run with gc_callback (every 16
                               checkpoints, grace 5 s) and a last gc after `fit()`
                               (grace 0, no trial running; not in the wall time)
+  pbt8_{keepall,keep4}_trials_done
+                              from `fit()`'s start to the last trial's completion (a
+                              driver callback): the wall time without the end of
+                              `fit()`, where Tune waits for trial actors it started and
+                              no longer needs; such an actor's start (about 3.5 s here)
+                              decides some runs of either mode
   pbt8_finetune_keepall_disk  the backbone frozen and shared by every trial (PBT
                               fine-tuning of a pretrained model: the head is tuned)
 Runs alternate; times and bytes are medians of `--reps` runs (bytes move with PBT's
@@ -47,7 +53,10 @@ and nothing else of Ray), the
 rows `<scenario>_disk_floor_{h0,h1}`: the baseline's bytes against the floors of
 `_floor.py` (each tensor coded whole or as a difference against any earlier checkpoint,
 under an order-0 or a byte-context entropy model of its byte planes). Their ratio is the
-most a store coding these tensors under that model could reach.
+most a store coding these tensors under that model could reach. For Ray it also adds
+`pbt8_keep4_{wall,trials_done}_floor_durable`: the default against the default with
+each checkpoint file and its directory fsynced after `torch.save` (`--reps` alternated
+runs each), the least a store whose checkpoints survive a power loss adds to the run.
 """
 
 from __future__ import annotations
@@ -218,17 +227,20 @@ def ray_report(report: Report, reps: int, quick: bool, floor: bool = False) -> N
     iterations = 6 if quick else 12
     ray_pbt.init_ray(2)
 
-    def one(mode: str, keep: Any, finetune: bool, inspect: Any = None) -> Any:
+    def one(mode: str, keep: Any, finetune: bool, inspect: Any = None,
+            durable: bool = False) -> Any:
         root = tempfile.mkdtemp(prefix="trainers_report_")
         try:
             res = ray_pbt.run(mode, root, trials=8, iterations=iterations, interval=3,
-                              keep=keep, finetune=finetune)
+                              keep=keep, finetune=finetune, durable=durable)
             if inspect is not None:
                 inspect(root)
         finally:
             shutil.rmtree(root, ignore_errors=True)
-        print(f"  {mode} keep={keep} finetune={finetune}: {res.total_bytes} B, "
-              f"{res.wall_s:.1f} s, {res.exploits} exploits, {res.gc_runs} gc runs",
+        print(f"  {mode}{' durable' if durable else ''} keep={keep} finetune={finetune}: "
+              f"{res.total_bytes} B, "
+              f"{res.wall_s:.1f} s (trials done at {res.trials_s:.1f} s), {res.exploits} "
+              f"exploits, {res.gc_runs} gc runs",
               file=sys.stderr)
         return res
 
@@ -248,6 +260,16 @@ def ray_report(report: Report, reps: int, quick: bool, floor: bool = False) -> N
         if floor:
             for keep, name in ((None, "pbt8_keepall"), (4, "pbt8_keep4")):
                 one("default", keep, False, lambda root, n=name: ray_floor(n, root))
+            # The wall time's floor for a durable store: the default with each file
+            # fsynced (and its directory), against the default as it is.
+            pair: Dict[bool, List[Any]] = {False: [], True: []}
+            for r in range(reps):
+                for durable in ((False, True) if r % 2 == 0 else (True, False)):
+                    pair[durable].append(one("default", 4, False, durable=durable))
+            for row, attr in (("wall", "wall_s"), ("trials_done", "trials_s")):
+                report.add(f"pbt8_keep4_{row}_floor_durable", "s",
+                           statistics.median(getattr(x, attr) for x in pair[False]),
+                           statistics.median(getattr(x, attr) for x in pair[True]))
             return
         # Both keep every checkpoint (Ray's default), then both num_to_keep=4 (above the
         # perturbation interval: PBT's exploited checkpoint must outlive its restore).
@@ -262,6 +284,9 @@ def ray_report(report: Report, reps: int, quick: bool, floor: bool = False) -> N
             report.add(f"{name}_wall", "s",
                        statistics.median(x.wall_s for x in runs["default"]),
                        statistics.median(x.wall_s for x in runs["th"]))
+            report.add(f"{name}_trials_done", "s",
+                       statistics.median(x.trials_s for x in runs["default"]),
+                       statistics.median(x.trials_s for x in runs["th"]))
         ft_default = one("default", None, True)
         ft_th = one("th", None, True)
         report.add("pbt8_finetune_keepall_disk", "MiB", ft_default.total_bytes / 2**20,
