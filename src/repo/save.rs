@@ -561,7 +561,9 @@ impl Store {
         let todo = self.evictions.take(new, &keep);
         let mut pinned: Vec<(usize, VersionId)> = Vec::new();
         let mut retry: Vec<VersionId> = Vec::new();
-        for id in todo {
+        // A pin's range may hold versions that are not saved (committed on another line):
+        // they keep their chunks.
+        for id in todo.into_iter().filter(|id| saved.contains_key(id)) {
             let mut held = false;
             self.replace_chunks_in(vec![id], |c| {
                 if c.is_stored() {
@@ -597,24 +599,27 @@ impl Store {
 /// names it while a version is listed for it.
 #[derive(Debug, Default)]
 pub(crate) struct Evictions {
-    /// Chunk address -> the saved versions that hold it on the heap because the working
-    /// state (or an unsaved version's base) holds it too.
-    pinned: HashMap<usize, Vec<VersionId>>,
+    /// Chunk address -> the first and the last saved version (by id) found holding it on
+    /// the heap because the working state (or an unsaved version's base) holds it too.
+    /// When the chunk leaves the working state, every version between the two is looked
+    /// at again (once): a range per chunk, not a list, so that a tensor that stays the
+    /// same for a long run (a frozen backbone) costs one entry per chunk.
+    pinned: HashMap<usize, (VersionId, VersionId)>,
     /// Versions a chunk of which had no stored replacement: looked at again.
     retry: HashSet<VersionId>,
 }
 
 impl Evictions {
-    /// The versions to look at: `new`, the retried ones, and those pinned by a chunk
-    /// not in `keep` any more (their pins go).
+    /// The versions to look at: `new`, the retried ones, and those in the ranges of the
+    /// chunks not in `keep` any more (their pins go).
     fn take(&mut self, new: Vec<VersionId>, keep: &HashSet<usize>) -> Vec<VersionId> {
         let mut todo: HashSet<VersionId> = std::mem::take(&mut self.retry);
         todo.extend(new);
-        self.pinned.retain(|addr, ids| {
+        self.pinned.retain(|addr, (first, last)| {
             if keep.contains(addr) {
                 return true;
             }
-            todo.extend(ids.drain(..));
+            todo.extend((first.0..=last.0).map(VersionId));
             false
         });
         let mut todo: Vec<VersionId> = todo.into_iter().collect();
@@ -624,12 +629,43 @@ impl Evictions {
 
     fn put_back(&mut self, pinned: Vec<(usize, VersionId)>, retry: Vec<VersionId>) {
         for (addr, id) in pinned {
-            let ids = self.pinned.entry(addr).or_default();
-            if ids.last() != Some(&id) {
-                ids.push(id);
-            }
+            let range = self.pinned.entry(addr).or_insert((id, id));
+            range.0 = range.0.min(id);
+            range.1 = range.1.max(id);
         }
         self.retry.extend(retry);
+    }
+}
+
+#[cfg(test)]
+mod evictions_tests {
+    use super::*;
+
+    #[test]
+    fn a_chunk_pinned_by_many_versions_is_one_range_and_its_release_looks_at_them_once() {
+        let mut e = Evictions::default();
+        let keep: HashSet<usize> = [8, 16].into();
+        // Versions 3..=1002 all hold chunk 8 (a frozen tensor); version 1002 holds 16.
+        for v in 3..=1002u64 {
+            e.put_back(vec![(8, VersionId(v))], Vec::new());
+        }
+        e.put_back(vec![(16, VersionId(1002))], vec![VersionId(1)]);
+        assert_eq!(e.pinned.len(), 2);
+        assert_eq!(e.pinned[&8], (VersionId(3), VersionId(1002)));
+        // Both still held: only the new and the retried versions are looked at.
+        assert_eq!(
+            e.take(vec![VersionId(1003)], &keep),
+            vec![VersionId(1), VersionId(1003)]
+        );
+        // Chunk 16 let go: version 1002 once; chunk 8 stays pinned.
+        let keep8: HashSet<usize> = [8].into();
+        assert_eq!(e.take(Vec::new(), &keep8), vec![VersionId(1002)]);
+        assert_eq!(e.take(Vec::new(), &keep8), Vec::<VersionId>::new());
+        // Chunk 8 let go: its 1000 versions, once.
+        let got = e.take(Vec::new(), &HashSet::new());
+        assert_eq!(got.len(), 1000);
+        assert_eq!((got[0], got[999]), (VersionId(3), VersionId(1002)));
+        assert!(e.take(Vec::new(), &HashSet::new()).is_empty());
     }
 }
 
