@@ -637,38 +637,6 @@ impl Evictions {
     }
 }
 
-#[cfg(test)]
-mod evictions_tests {
-    use super::*;
-
-    #[test]
-    fn a_chunk_pinned_by_many_versions_is_one_range_and_its_release_looks_at_them_once() {
-        let mut e = Evictions::default();
-        let keep: HashSet<usize> = [8, 16].into();
-        // Versions 3..=1002 all hold chunk 8 (a frozen tensor); version 1002 holds 16.
-        for v in 3..=1002u64 {
-            e.put_back(vec![(8, VersionId(v))], Vec::new());
-        }
-        e.put_back(vec![(16, VersionId(1002))], vec![VersionId(1)]);
-        assert_eq!(e.pinned.len(), 2);
-        assert_eq!(e.pinned[&8], (VersionId(3), VersionId(1002)));
-        // Both still held: only the new and the retried versions are looked at.
-        assert_eq!(
-            e.take(vec![VersionId(1003)], &keep),
-            vec![VersionId(1), VersionId(1003)]
-        );
-        // Chunk 16 let go: version 1002 once; chunk 8 stays pinned.
-        let keep8: HashSet<usize> = [8].into();
-        assert_eq!(e.take(Vec::new(), &keep8), vec![VersionId(1002)]);
-        assert_eq!(e.take(Vec::new(), &keep8), Vec::<VersionId>::new());
-        // Chunk 8 let go: its 1000 versions, once.
-        let got = e.take(Vec::new(), &HashSet::new());
-        assert_eq!(got.len(), 1000);
-        assert_eq!((got[0], got[999]), (VersionId(3), VersionId(1002)));
-        assert!(e.take(Vec::new(), &HashSet::new()).is_empty());
-    }
-}
-
 /// Times a save writes its objects again because a gc deleted objects while it wrote.
 const MAX_SAVE_ROUNDS: usize = 4;
 
@@ -1144,4 +1112,36 @@ fn fast_forward(hist: &History, b: &RepoLink, theirs: &RefEntry, want: &RefEntry
         return false;
     };
     hist.ancestors(*wid).is_ok_and(|a| a.contains(tid))
+}
+
+#[cfg(test)]
+mod evictions_tests {
+    use super::*;
+
+    #[test]
+    fn a_chunk_pinned_by_many_versions_is_one_range_and_its_release_looks_at_them_once() {
+        let mut e = Evictions::default();
+        let keep: HashSet<usize> = [8, 16].into();
+        // Versions 3..=1002 all hold chunk 8 (a frozen tensor); version 1002 holds 16.
+        for v in 3..=1002u64 {
+            e.put_back(vec![(8, VersionId(v))], Vec::new());
+        }
+        e.put_back(vec![(16, VersionId(1002))], vec![VersionId(1)]);
+        assert_eq!(e.pinned.len(), 2);
+        assert_eq!(e.pinned[&8], (VersionId(3), VersionId(1002)));
+        // Both still held: only the new and the retried versions are looked at.
+        assert_eq!(
+            e.take(vec![VersionId(1003)], &keep),
+            vec![VersionId(1), VersionId(1003)]
+        );
+        // Chunk 16 let go: version 1002 once; chunk 8 stays pinned.
+        let keep8: HashSet<usize> = [8].into();
+        assert_eq!(e.take(Vec::new(), &keep8), vec![VersionId(1002)]);
+        assert_eq!(e.take(Vec::new(), &keep8), Vec::<VersionId>::new());
+        // Chunk 8 let go: its 1000 versions, once.
+        let got = e.take(Vec::new(), &HashSet::new());
+        assert_eq!(got.len(), 1000);
+        assert_eq!((got[0], got[999]), (VersionId(3), VersionId(1002)));
+        assert!(e.take(Vec::new(), &HashSet::new()).is_empty());
+    }
 }
