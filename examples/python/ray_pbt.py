@@ -218,7 +218,8 @@ def run(mode: str, root: str, *, trials: int = 8, iterations: int = 12, interval
         for _ in range(2):
             thr.gc(repo, storage, grace=0)
     return RunResult(mode=mode, storage_bytes=disk_bytes(storage), repo_bytes=disk_bytes(repo),
-                     wall_s=wall, trials_s=done.last - t0, best_loss=float(metrics.get("loss", float("nan"))),
+                     wall_s=wall, trials_s=done.last - t0,
+                     best_loss=float(metrics.get("loss", float("nan"))),
                      exploits=int(pbt._num_perturbations),
                      gc_runs=gc_cb.runs if gc_cb is not None else 0)
 

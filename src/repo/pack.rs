@@ -652,19 +652,11 @@ pub(crate) fn write_packs<'a>(
         let mut out = Vec::new();
         let mut failed = None;
         gather_packs(chunks, tail, format, code, |pack| {
-            match write_pack(backend, format, &pack).and_then(|w| {
-                backend.barrier()?;
-                Ok(w)
-            }) {
-                Ok(w) => {
-                    out.push(w);
-                    true
-                }
-                Err(e) => {
-                    failed = Some(e);
-                    false
-                }
+            match write_pack(backend, format, &pack).and_then(|w| backend.barrier().map(|()| w)) {
+                Ok(w) => out.push(w),
+                Err(e) => failed = Some(e),
             }
+            failed.is_none()
         })?;
         return failed.map_or(Ok(out), Err);
     }
@@ -1243,18 +1235,39 @@ mod tests {
             .collect()
     }
 
+    /// `chunks` written raw (no coding), as new chunks without bases, into `backend`.
+    fn write_raw(backend: &Journal, chunks: &[Chunk]) -> Result<Vec<WrittenPack>> {
+        write_packs(
+            backend,
+            FORMAT_VERSION,
+            &new_chunks(chunks),
+            Vec::new(),
+            false,
+        )
+    }
+
+    /// Chunk `c` reads back, whole, from `span` of pack `pack`.
+    fn assert_reads_back(backend: &Journal, c: &Chunk, pack: ContentHash, span: Span) {
+        let loc = Loc { pack, span };
+        assert_eq!(&read_chunk(backend, &c.hash(), &loc).unwrap()[..], c.data());
+    }
+
+    /// `got` is the error of a [`Journal`] whose barriers fail.
+    fn assert_the_device_is_gone(got: Result<Vec<WrittenPack>>) {
+        match got {
+            Err(Error::Io { message, .. }) => assert_eq!(message, "the device is gone"),
+            other => panic!(
+                "expected the barrier's error, got {:?}",
+                other.map(|w| w.len())
+            ),
+        }
+    }
+
     #[test]
     fn written_packs_are_all_behind_a_barrier_when_write_packs_returns() {
         let chunks = three_packs_of_chunks();
         let backend = Journal::default();
-        let written = write_packs(
-            &backend,
-            FORMAT_VERSION,
-            &new_chunks(&chunks),
-            Vec::new(),
-            false,
-        )
-        .unwrap();
+        let written = write_raw(&backend, &chunks).unwrap();
         assert_eq!(written.len(), 3);
         let events = backend.events.lock().unwrap().clone();
         let puts: Vec<usize> = (0..events.len())
@@ -1271,14 +1284,7 @@ mod tests {
             assert_eq!(events[*p], format!("put {}", pack_key(&w.id)));
         }
         for (c, w) in chunks.iter().zip(&written) {
-            let loc = Loc {
-                pack: w.id,
-                span: w.entries[0].span,
-            };
-            assert_eq!(
-                &read_chunk(&backend, &c.hash(), &loc).unwrap()[..],
-                c.data()
-            );
+            assert_reads_back(&backend, c, w.id, w.entries[0].span);
         }
     }
 
@@ -1289,20 +1295,8 @@ mod tests {
         backend
             .fail
             .store(true, std::sync::atomic::Ordering::SeqCst);
-        let got = write_packs(
-            &backend,
-            FORMAT_VERSION,
-            &new_chunks(&chunks),
-            Vec::new(),
-            false,
-        );
-        match got {
-            Err(Error::Io { message, .. }) => assert_eq!(message, "the device is gone"),
-            other => panic!(
-                "expected the barrier's error, got {:?}",
-                other.map(|w| w.len())
-            ),
-        }
+        let got = write_raw(&backend, &chunks);
+        assert_the_device_is_gone(got);
         assert!(!backend
             .events
             .lock()
@@ -1318,14 +1312,7 @@ mod tests {
             .map(|i| alloc.chunk_with(64 << 10, |b| b.fill(i + 1)))
             .collect();
         let backend = Journal::default();
-        let written = write_packs(
-            &backend,
-            FORMAT_VERSION,
-            &new_chunks(&chunks),
-            Vec::new(),
-            false,
-        )
-        .unwrap();
+        let written = write_raw(&backend, &chunks).unwrap();
         assert_eq!(written.len(), 1);
         let events = backend.events.lock().unwrap().clone();
         assert_eq!(
@@ -1336,33 +1323,14 @@ mod tests {
             ]
         );
         for (c, e) in chunks.iter().zip(&written[0].entries) {
-            let loc = Loc {
-                pack: written[0].id,
-                span: e.span,
-            };
-            assert_eq!(
-                &read_chunk(&backend, &c.hash(), &loc).unwrap()[..],
-                c.data()
-            );
+            assert_reads_back(&backend, c, written[0].id, e.span);
         }
 
         let failing = Journal::default();
         failing
             .fail
             .store(true, std::sync::atomic::Ordering::SeqCst);
-        match write_packs(
-            &failing,
-            FORMAT_VERSION,
-            &new_chunks(&chunks),
-            Vec::new(),
-            false,
-        ) {
-            Err(Error::Io { message, .. }) => assert_eq!(message, "the device is gone"),
-            other => panic!(
-                "expected the barrier's error, got {:?}",
-                other.map(|w| w.len())
-            ),
-        }
+        assert_the_device_is_gone(write_raw(&failing, &chunks));
     }
 
     #[test]
@@ -1382,14 +1350,7 @@ mod tests {
             .map(|i| alloc.chunk_with(1 << 20, |b| b.fill(i)))
             .collect();
         let backend = Journal::default();
-        let written = write_packs(
-            &backend,
-            FORMAT_VERSION,
-            &new_chunks(&chunks),
-            Vec::new(),
-            false,
-        )
-        .unwrap();
+        let written = write_raw(&backend, &chunks).unwrap();
         assert!(written.len() >= 8, "{} packs", written.len());
         assert!(written.iter().all(|w| w.size <= (8 << 20) + (64 << 10)));
         let entries: Vec<(&WrittenPack, &PackEntry)> = written

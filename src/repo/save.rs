@@ -521,16 +521,17 @@ impl Store {
         });
     }
 
-    /// In the saved versions `new` and those [`Evictions`] holds for a look (`saved`: every
-    /// version in the repository), replace each
-    /// heap chunk that the working state does not hold by the stored chunk `stored` gives
-    /// for it, if any (`stored` is dropped before the pool is cut). The freed buffers
-    /// leave the process: the pool is cut back to what it held before.
+    /// In the saved versions `new` and those [`Evictions`] holds for a look (`saved`:
+    /// every version in the repository), replace each heap chunk that the working state
+    /// does not hold by the stored chunk `stored` gives for it, if any (`stored` is
+    /// dropped before the pool is cut). The freed buffers leave the process: the pool is
+    /// cut back to what it held before.
     ///
-    /// O(working chunks + chunks of the versions looked at): the versions saved since the
-    /// last eviction, those holding a chunk the working state or a base let go since,
-    /// and those holding a chunk `stored` had no replacement for. Not every saved
-    /// version: before, a save of a long history spent most of its time here.
+    /// O(versions + working chunks + chunks of the versions looked at): the versions
+    /// saved since the last eviction, those holding a chunk the working state or a base
+    /// let go since, and those holding a chunk `stored` had no replacement for. Not
+    /// every saved version's chunks: before, a save of a long history spent most of its
+    /// time here.
     pub(crate) fn evict_saved(
         &mut self,
         new: Vec<VersionId>,

@@ -244,6 +244,21 @@ def ray_report(report: Report, reps: int, quick: bool, floor: bool = False) -> N
               file=sys.stderr)
         return res
 
+    def alternated(runs: Dict[Any, Any]) -> Dict[Any, List[Any]]:
+        """`--reps` runs of each of the two calls in `runs` (key -> call), alternating
+        which goes first."""
+        a, b = runs
+        out: Dict[Any, List[Any]] = {a: [], b: []}
+        for r in range(reps):
+            for k in ((a, b) if r % 2 == 0 else (b, a)):
+                out[k].append(runs[k]())
+        return out
+
+    def add_medians(row: str, unit: str, attr: str, baseline: List[Any], store: List[Any],
+                    scale: float = 1.0) -> None:
+        report.add(row, unit, statistics.median(getattr(x, attr) for x in baseline) / scale,
+                   statistics.median(getattr(x, attr) for x in store) / scale)
+
     def ray_floor(name: str, root: str) -> None:
         # Every torch.save file the default run kept, by iteration.
         found = []
@@ -262,31 +277,21 @@ def ray_report(report: Report, reps: int, quick: bool, floor: bool = False) -> N
                 one("default", keep, False, lambda root, n=name: ray_floor(n, root))
             # The wall time's floor for a durable store: the default with each file
             # fsynced (and its directory), against the default as it is.
-            pair: Dict[bool, List[Any]] = {False: [], True: []}
-            for r in range(reps):
-                for durable in ((False, True) if r % 2 == 0 else (True, False)):
-                    pair[durable].append(one("default", 4, False, durable=durable))
+            pair = alternated({d: lambda d=d: one("default", 4, False, durable=d)
+                               for d in (False, True)})
             for row, attr in (("wall", "wall_s"), ("trials_done", "trials_s")):
-                report.add(f"pbt8_keep4_{row}_floor_durable", "s",
-                           statistics.median(getattr(x, attr) for x in pair[False]),
-                           statistics.median(getattr(x, attr) for x in pair[True]))
+                add_medians(f"pbt8_keep4_{row}_floor_durable", "s", attr, pair[False],
+                            pair[True])
             return
         # Both keep every checkpoint (Ray's default), then both num_to_keep=4 (above the
         # perturbation interval: PBT's exploited checkpoint must outlive its restore).
         for keep, name in ((None, "pbt8_keepall"), (4, "pbt8_keep4")):
-            runs: Dict[str, List[Any]] = {"default": [], "th": []}
-            for r in range(reps):
-                for mode in (("default", "th") if r % 2 == 0 else ("th", "default")):
-                    runs[mode].append(one(mode, keep, False))
-            report.add(f"{name}_disk", "MiB",
-                       statistics.median(x.total_bytes for x in runs["default"]) / 2**20,
-                       statistics.median(x.total_bytes for x in runs["th"]) / 2**20)
-            report.add(f"{name}_wall", "s",
-                       statistics.median(x.wall_s for x in runs["default"]),
-                       statistics.median(x.wall_s for x in runs["th"]))
-            report.add(f"{name}_trials_done", "s",
-                       statistics.median(x.trials_s for x in runs["default"]),
-                       statistics.median(x.trials_s for x in runs["th"]))
+            runs = alternated({m: lambda m=m, k=keep: one(m, k, False)
+                               for m in ("default", "th")})
+            for row, unit, attr, scale in (("disk", "MiB", "total_bytes", 2**20),
+                                           ("wall", "s", "wall_s", 1.0),
+                                           ("trials_done", "s", "trials_s", 1.0)):
+                add_medians(f"{name}_{row}", unit, attr, runs["default"], runs["th"], scale)
         ft_default = one("default", None, True)
         ft_th = one("th", None, True)
         report.add("pbt8_finetune_keepall_disk", "MiB", ft_default.total_bytes / 2**20,
